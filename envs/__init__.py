@@ -1,0 +1,1 @@
+"""Environment runtime: specs, per-episode state, tools, mutations, verifiers, certification."""

@@ -1,0 +1,125 @@
+"""Tools of the California field-operations weather snapshot."""
+
+import math
+from typing import Literal
+
+from envs.toolkit import ToolError, find, one, read_tool, write_tool
+
+
+def _unavailable(field: str) -> dict:
+    return {"error": "required_field_unavailable", "field": field, "scope": "current_snapshot", "recoverable": False}
+
+
+@read_tool
+def resolve_weather_point(db, location: str) -> dict:
+    """Resolves a place name such as "Fresno, CA" to its weather point: coordinates,
+    county id, forecast resource id and time zone.
+
+    Args:
+        location: City and state, for example "Los Angeles, CA".
+    """
+    wanted = location.strip().casefold()
+    for row in find(db, "weather_points"):
+        if row["location"].casefold() == wanted or row["location"].split(",")[0].casefold() == wanted:
+            return {k: row[k] for k in ("point_id", "location", "lat", "lon", "county_id", "forecast_id", "time_zone")}
+    raise ToolError("not_found", f"No weather point for {location!r}.")
+
+
+@read_tool
+def list_station_ids_by_county(db, county_id: str) -> list[str]:
+    """Lists the ids of all weather stations registered in a county.
+
+    Args:
+        county_id: A county id such as "CAC037".
+    """
+    one(db, "counties", county_id=county_id)
+    return [r["station_id"] for r in find(db, "stations", county_id=county_id)]
+
+
+@read_tool
+def get_station(db, station_id: str) -> dict:
+    """Returns a station's name, coordinates, elevation, county and operating status.
+
+    Args:
+        station_id: A station id such as "KFAT".
+    """
+    row = one(db, "stations", station_id=station_id)
+    return {k: row[k] for k in ("station_id", "name", "county_id", "lat", "lon", "elevation_m", "status")}
+
+
+@read_tool
+def station_distance(db, station_id: str, point_id: str) -> dict:
+    """Great-circle distance in kilometres between a station and a weather point.
+
+    Args:
+        station_id: A station id.
+        point_id: A weather point id as returned by resolve_weather_point.
+    """
+    s = one(db, "stations", station_id=station_id)
+    p = one(db, "weather_points", point_id=point_id)
+    lat1, lat2 = math.radians(p["lat"]), math.radians(s["lat"])
+    h = math.sin((lat2 - lat1) / 2) ** 2 + math.cos(lat1) * math.cos(lat2) * math.sin(math.radians(s["lon"] - p["lon"]) / 2) ** 2
+    return {"station_id": station_id, "point_id": point_id, "distance_km": round(2 * 6371.0 * math.asin(math.sqrt(h)), 1)}
+
+
+@read_tool
+def get_forecast_periods(db, forecast_id: str) -> dict:
+    """Returns the official forecast for a forecast resource: the issuing office,
+    when it was issued, and every forecast period (temperature, chance of
+    precipitation, wind range, short text).
+
+    Args:
+        forecast_id: A forecast resource id such as "LOX/155,45".
+    """
+    forecast = one(db, "forecasts", forecast_id=forecast_id)
+    periods = []
+    for row in find(db, "forecast_periods", forecast_id=forecast_id):
+        period = {k: row[k] for k in ("period_id", "name", "date", "short_forecast", "status")}
+        period["is_daytime"] = bool(row["is_daytime"])
+        for field in ("temperature_f", "precip_pct", "wind_min_mph", "wind_max_mph"):
+            period[field] = row[field] if row[field] is not None else _unavailable(field)
+        periods.append(period)
+    return {"forecast_id": forecast_id, "office": forecast["office"], "issued_at": forecast["issued_at"], "periods": periods}
+
+
+@read_tool
+def list_field_decisions(db, point_id: str) -> list[dict]:
+    """Lists the go/no-go decisions already logged for a weather point.
+
+    Args:
+        point_id: A weather point id.
+    """
+    one(db, "weather_points", point_id=point_id)
+    return find(db, "field_decisions", point_id=point_id)
+
+
+@write_tool
+def record_field_decision(
+    db, point_id: str, date: str, station_id: str, decision: Literal["proceed", "postpone"], triggers: list[str]
+) -> dict:
+    """Logs the field team's go/no-go decision for a work day at a weather point.
+
+    Args:
+        point_id: The weather point of the work site.
+        date: The work day, YYYY-MM-DD.
+        station_id: The monitoring reference station chosen for the site.
+        decision: "proceed" or "postpone".
+        triggers: The policy conditions that triggered a postponement ("temperature", "precipitation", "wind"); empty to proceed.
+    """
+    one(db, "weather_points", point_id=point_id)
+    station = one(db, "stations", station_id=station_id)
+    if station["status"] != "active":
+        raise ToolError("station_inactive", f"Station {station_id} is {station['status']} and cannot be a monitoring reference.")
+    if find(db, "field_decisions", point_id=point_id, date=date):
+        raise ToolError("duplicate", f"A decision for {point_id} on {date} is already logged.")
+    unknown = set(triggers) - {"temperature", "precipitation", "wind"}
+    if unknown:
+        raise ToolError("invalid_trigger", f"Unknown triggers {sorted(unknown)}.")
+    if (decision == "postpone") != bool(triggers):
+        raise ToolError("inconsistent", "A postponement needs at least one trigger; proceeding needs none.")
+    decision_id = f"FD-{date[:4]}-{date[5:7]}{date[8:]}-{point_id[:3]}"
+    db["field_decisions"].insert(
+        {"decision_id": decision_id, "point_id": point_id, "date": date, "station_id": station_id,
+         "decision": decision, "triggers": ",".join(sorted(triggers))}
+    )
+    return {"decision_id": decision_id, "logged": True}

@@ -1,0 +1,184 @@
+"""Per-episode environment state and tool execution.
+
+`EnvInstance` gives one episode its own in-memory SQLite database, copied
+from a template built once per environment hash. Read-only tools run with
+`PRAGMA query_only`, so they cannot write; a state-changing tool that fails
+is undone by restoring a snapshot taken just before it, so a failed call
+never leaves a partial write. `diff()` compares the current state with the
+initial one.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from typing import Any
+
+import sqlite_utils
+from pydantic import ValidationError
+
+from envs.match import matches, objects
+from envs.spec import Tool, load_tools
+from envs.toolkit import ToolError
+from state.records import EnvironmentSpec, Observation, RowChange, StateDiff, ToolInfo, ToolPatch
+
+_SQL_TYPES = {"text": str, "integer": int, "real": float, "boolean": int}
+_template_lock = threading.RLock()
+
+
+_templates: dict[str, sqlite3.Connection] = {}
+# Tool code with a bug is an environment defect: recorded as internal_error, never a crash.
+_TOOL_BUGS = (sqlite3.Error, TypeError, ValueError, KeyError, IndexError, AttributeError)
+
+
+def _template(spec: EnvironmentSpec) -> sqlite3.Connection:
+    with _template_lock:
+        if spec.hash not in _templates:
+            _templates[spec.hash] = _build(spec)
+        return _templates[spec.hash]
+
+
+def _build(spec: EnvironmentSpec) -> sqlite3.Connection:
+    conn = sqlite3.connect(":memory:", check_same_thread=False)
+    db = sqlite_utils.Database(conn)
+    for table in spec.tables:
+        db[table.name].create(
+            {c.name: _SQL_TYPES[c.type] for c in table.columns},
+            pk=table.primary_key,
+            not_null={c.name for c in table.columns if not c.nullable},
+        )
+        db[table.name].insert_all(spec.rows.get(table.name, ()))
+    conn.commit()
+    return conn
+
+
+def build_database(spec: EnvironmentSpec) -> sqlite3.Connection:
+    """A fresh in-memory database holding the spec's initial state."""
+    template = _template(spec)
+    conn = sqlite3.connect(":memory:", check_same_thread=False)
+    with _template_lock:
+        template.backup(conn)
+    return conn
+
+
+def snapshot(conn: sqlite3.Connection, spec: EnvironmentSpec) -> dict[str, list[dict]]:
+    db = sqlite_utils.Database(conn)
+    return {t.name: list(db[t.name].rows_where(order_by=t.primary_key)) for t in spec.tables}
+
+
+def diff_rows(spec: EnvironmentSpec, before: dict[str, Any], after: dict[str, Any]) -> StateDiff:
+    changes = []
+    for table in spec.tables:
+        pk = table.primary_key
+        old = {r[pk]: _plain(r) for r in before.get(table.name, ())}
+        new = {r[pk]: _plain(r) for r in after.get(table.name, ())}
+        for key in sorted(old.keys() | new.keys(), key=str):
+            if old.get(key) != new.get(key):
+                changes.append(RowChange(table=table.name, key=key, before=old.get(key), after=new.get(key)))
+    return StateDiff(changes=tuple(changes))
+
+
+def _plain(row: dict) -> dict:
+    return {k: int(v) if isinstance(v, bool) else v for k, v in row.items()}
+
+
+UNAVAILABLE = "field_unavailable"
+
+
+def _redact(value: Any, patch: ToolPatch) -> Any:
+    value = json.loads(json.dumps(value))
+    for obj in objects(value):
+        if matches(patch.where, obj):
+            for field in patch.fields:
+                if field in obj:
+                    obj[field] = {"error": UNAVAILABLE, "message": patch.message or f"{field} is not available."}
+    return value
+
+
+class EnvInstance:
+    """One episode's environment: fresh state, public tools, a call log."""
+
+    def __init__(self, spec: EnvironmentSpec):
+        self.spec = spec
+        self.tools: dict[str, Tool] = load_tools(spec)
+        self.conn = build_database(spec)
+        self.db = sqlite_utils.Database(self.conn)
+        self.calls: list[Observation] = []
+
+    @property
+    def public_tools(self) -> list[ToolInfo]:
+        return [t.info for t in self.tools.values()]
+
+    def call(self, name: str, args: dict[str, Any] | None = None) -> Observation:
+        obs = self._run(name, dict(args or {}))
+        self.calls.append(obs)
+        return obs
+
+    def _run(self, name: str, args: dict[str, Any]) -> Observation:
+        tool = self.tools.get(name)
+        if tool is None:
+            return Observation(tool=name, args=args, ok=False, error_code="unknown_tool", message=f"There is no tool named {name!r}.")
+        fail = lambda code, msg: Observation(  # noqa: E731
+            tool=name, args=args, ok=False, error_code=code, message=msg, read_only=tool.read_only
+        )
+        try:
+            params = tool.params.model_validate(args).model_dump()
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            return fail("invalid_arguments", f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']}")
+        patches = [p for p in self.spec.tool_patches if p.tool == name]
+        for patch in patches:
+            if patch.op == "fail" and matches(patch.when, params):
+                return fail(patch.error_code, patch.message or f"{name} is unavailable.")
+        try:
+            output = self._execute(tool, params)
+        except ToolError as exc:
+            return fail(exc.code, exc.message)
+        for patch in patches:
+            if patch.op == "redact":
+                output = _redact(output, patch)
+        return Observation(tool=name, args=args, ok=True, output=output, read_only=tool.read_only)
+
+    def _execute(self, tool: Tool, params: dict[str, Any]) -> Any:
+        if tool.read_only:
+            self.conn.execute("PRAGMA query_only = 1")
+            try:
+                return _json_plain(tool.fn(self.db, **params))
+            except _TOOL_BUGS as exc:
+                raise ToolError("internal_error", f"{tool.name} failed: {type(exc).__name__}: {exc}") from None
+            finally:
+                self.conn.execute("PRAGMA query_only = 0")
+        saved = sqlite3.connect(":memory:")
+        self.conn.commit()
+        self.conn.backup(saved)
+        try:
+            output = _json_plain(tool.fn(self.db, **params))
+            self.conn.commit()
+            return output
+        except (ToolError, *_TOOL_BUGS) as exc:
+            self.conn.rollback()
+            saved.backup(self.conn)
+            if isinstance(exc, ToolError):
+                raise
+            raise ToolError("internal_error", f"{tool.name} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            saved.close()
+
+    def rows(self) -> dict[str, list[dict]]:
+        return snapshot(self.conn, self.spec)
+
+    def diff(self) -> StateDiff:
+        with _template_lock:
+            initial = snapshot(_template(self.spec), self.spec)
+        return diff_rows(self.spec, initial, self.rows())
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _json_plain(value: Any) -> Any:
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise ToolError("internal_error", f"tool returned a value that is not JSON: {exc}") from None

@@ -1,0 +1,333 @@
+"""Load and validate environment directories and pair files.
+
+An environment directory holds `environment.yaml` (id, theme, description,
+tables with typed columns), `rows/<table>.json` (initial rows), `tools.py`
+(the tool functions) and optionally `policy.md`. Pair files live in its
+`pairs/` folder. Every problem is reported as a `SpecError` naming the file,
+the field and what was expected.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import types
+import typing
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import yaml
+from pydantic import Field, ValidationError, create_model
+
+from state.records import Column, EnvironmentSpec, PairSpec, StateOp, TableSpec, ToolInfo, content_hash
+
+
+class SpecError(ValueError):
+    def __init__(self, path: Path | str, field: str, expected: str):
+        self.path, self.field, self.expected = str(path), field, expected
+        super().__init__(f"{path}: {field}: {expected}")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML without implicit timestamps: '2026-08-01' stays a string."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:timestamp"]
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def read_yaml(path: Path) -> Any:
+    if not path.is_file():
+        raise SpecError(path, "(file)", "a YAML file; it does not exist")
+    try:
+        return yaml.load(path.read_text(), Loader=_Loader)
+    except yaml.YAMLError as exc:
+        raise SpecError(path, "(syntax)", f"valid YAML ({exc})") from None
+
+
+def _validation_error(path: Path, exc: ValidationError) -> SpecError:
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "(root)"
+    return SpecError(path, field, f"{err['msg']} (got {err.get('input')!r:.80})")
+
+
+_PY_TYPES = {"text": str, "integer": int, "real": (int, float), "boolean": bool}
+
+
+def load_environment(directory: Path | str) -> EnvironmentSpec:
+    directory = Path(directory)
+    path = directory / "environment.yaml"
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise SpecError(path, "(root)", "a mapping with id, theme, description, tables")
+    for key in ("id", "theme", "description", "tables"):
+        if key not in raw:
+            raise SpecError(path, key, "a required field; it is missing")
+    if not isinstance(raw["tables"], dict) or not raw["tables"]:
+        raise SpecError(path, "tables", "a non-empty mapping of table name to {primary_key, columns}")
+    tables = tuple(_table(path, name, body) for name, body in raw["tables"].items())
+    rows = {t.name: _rows(directory / "rows" / f"{t.name}.json", t) for t in tables}
+    _check_references(directory, tables, rows)
+    tools_path = directory / "tools.py"
+    if not tools_path.is_file():
+        raise SpecError(tools_path, "(file)", "a Python module of tool functions; it does not exist")
+    policy_path = directory / "policy.md"
+    spec = EnvironmentSpec(
+        id=str(raw["id"]),
+        theme=str(raw["theme"]),
+        description=str(raw["description"]).strip(),
+        tables=tables,
+        rows=rows,
+        tools_source=tools_path.read_text(),
+        policy=policy_path.read_text().strip() if policy_path.is_file() else "",
+    )
+    load_tools(spec, origin=tools_path)
+    return spec
+
+
+def _table(path: Path, name: str, body: Any) -> TableSpec:
+    where = f"tables.{name}"
+    if not isinstance(body, dict) or not isinstance(body.get("columns"), dict):
+        raise SpecError(path, f"{where}.columns", "a mapping of column name to type")
+    columns = []
+    for col, decl in body["columns"].items():
+        match = re.fullmatch(r"(text|integer|real|boolean)(\?)?(?:\s*->\s*(\w+\.\w+))?", str(decl).strip())
+        if not match:
+            raise SpecError(
+                path, f"{where}.columns.{col}", f"text|integer|real|boolean, '?' if nullable, '-> table.column' for a reference (got {decl!r})"
+            )
+        columns.append(Column(name=col, type=match[1], nullable=bool(match[2]), references=match[3]))
+    pk = body.get("primary_key")
+    if pk not in body["columns"]:
+        raise SpecError(path, f"{where}.primary_key", f"one of the columns {list(body['columns'])} (got {pk!r})")
+    return TableSpec(name=name, primary_key=pk, columns=tuple(columns))
+
+
+def _rows(path: Path, table: TableSpec) -> tuple[dict, ...]:
+    if not path.is_file():
+        raise SpecError(path, "(file)", f"a JSON list of {table.name} rows; it does not exist")
+    try:
+        rows = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpecError(path, "(syntax)", f"valid JSON ({exc})") from None
+    if not isinstance(rows, list):
+        raise SpecError(path, "(root)", "a JSON list of row objects")
+    seen = set()
+    for i, row in enumerate(rows):
+        check_row(path, f"[{i}]", table, row)
+        key = row[table.primary_key]
+        if key in seen:
+            raise SpecError(path, f"[{i}].{table.primary_key}", f"a unique primary key (duplicate {key!r})")
+        seen.add(key)
+    return tuple(rows)
+
+
+def check_row(path: Path | str, where: str, table: TableSpec, row: Any) -> None:
+    if not isinstance(row, dict):
+        raise SpecError(path, where, f"an object with columns {[c.name for c in table.columns]}")
+    names = {c.name for c in table.columns}
+    for extra in set(row) - names:
+        raise SpecError(path, f"{where}.{extra}", f"a column of {table.name} ({sorted(names)}); it is not")
+    for col in table.columns:
+        if col.name not in row:
+            raise SpecError(path, f"{where}.{col.name}", f"a value of type {col.type}; it is missing")
+        value = row[col.name]
+        if value is None:
+            if not col.nullable:
+                raise SpecError(path, f"{where}.{col.name}", f"{col.type}, not null (declare '{col.type}?' to allow null)")
+            continue
+        ok = isinstance(value, _PY_TYPES[col.type]) and not (col.type != "boolean" and isinstance(value, bool))
+        if not ok:
+            raise SpecError(path, f"{where}.{col.name}", f"a {col.type} (got {value!r})")
+
+
+def _check_references(directory: Path, tables: tuple[TableSpec, ...], rows: dict) -> None:
+    by_name = {t.name: t for t in tables}
+    for table in tables:
+        for col in table.columns:
+            if not col.references:
+                continue
+            target, target_col = col.references.split(".")
+            path = directory / "environment.yaml"
+            if target not in by_name or by_name[target].column(target_col) is None:
+                raise SpecError(path, f"tables.{table.name}.columns.{col.name}", f"a reference to an existing table.column (got {col.references})")
+            known = {r[target_col] for r in rows[target]}
+            for i, row in enumerate(rows[table.name]):
+                if row[col.name] is not None and row[col.name] not in known:
+                    raise SpecError(
+                        directory / "rows" / f"{table.name}.json",
+                        f"[{i}].{col.name}",
+                        f"a value present in {col.references} (got {row[col.name]!r})",
+                    )
+
+
+@dataclass(frozen=True)
+class Tool:
+    info: ToolInfo
+    fn: Callable
+    params: type  # pydantic model validating the arguments
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def read_only(self) -> bool:
+        return self.info.read_only
+
+
+_ALLOWED = (str, int, float, bool)
+
+
+def _annotation_ok(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if tp in _ALLOWED:
+        return True
+    if origin is Literal:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return all(a is type(None) or _annotation_ok(a) for a in typing.get_args(tp))
+    if origin is list:
+        return all(_annotation_ok(a) for a in typing.get_args(tp))
+    return False
+
+
+def _arg_docs(doc: str) -> dict[str, str]:
+    match = re.search(r"^\s*Args:\s*\n(.*?)(?:\n\s*\n|\Z)", doc, re.S | re.M)
+    if not match:
+        return {}
+    found = re.findall(r"^\s*(\w+)(?:\s*\([^)]*\))?:\s*(.+)$", match[1], re.M)
+    return {name: text.strip() for name, text in found}
+
+
+def _summary(doc: str) -> str:
+    return re.split(r"^\s*Args:\s*$", doc, flags=re.M)[0].strip()
+
+
+def load_tools(spec: EnvironmentSpec, origin: Path | str | None = None) -> dict[str, Tool]:
+    return _compile_tools(spec.tools_source, str(origin or f"<tools of {spec.id}>"))
+
+
+@lru_cache(maxsize=64)
+def _compile_tools(source: str, origin: str) -> dict[str, Tool]:
+    module = types.ModuleType(f"hera_tools_{content_hash(source)}")
+    module.__file__ = origin
+    try:
+        exec(compile(source, origin, "exec"), module.__dict__)
+    except Exception as exc:  # a broken tools module is a spec error, reported by file
+        raise SpecError(origin, "(module)", f"an importable Python module ({type(exc).__name__}: {exc})") from None
+    tools: dict[str, Tool] = {}
+    for name, fn in vars(module).items():
+        kind = getattr(fn, "__hera_tool__", None)
+        if kind is None or name.startswith("_"):
+            continue
+        tools[name] = _tool(origin, name, fn, kind == "read")
+    if not tools:
+        raise SpecError(origin, "(module)", "at least one function decorated with @read_tool or @write_tool")
+    return tools
+
+
+def _tool(origin: str, name: str, fn: Callable, read_only: bool) -> Tool:
+    doc = inspect.getdoc(fn) or ""
+    if not _summary(doc):
+        raise SpecError(origin, f"{name}.__doc__", "a docstring describing the tool to the agent")
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    if not params or params[0].name != "db":
+        raise SpecError(origin, f"{name}(...)", "'db' as the first parameter (the episode database)")
+    hints = typing.get_type_hints(fn)
+    docs = _arg_docs(doc)
+    fields: dict[str, Any] = {}
+    for p in params[1:]:
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            raise SpecError(origin, f"{name}({p.name})", "a named parameter, not *args or **kwargs")
+        tp = hints.get(p.name)
+        if tp is None or not _annotation_ok(tp):
+            raise SpecError(origin, f"{name}({p.name})", "a type annotation of str, int, float, bool, Literal, list or Optional of those")
+        default = ... if p.default is p.empty else p.default
+        fields[p.name] = (tp, Field(default, description=docs.get(p.name)))
+    model = create_model(f"{name}_args", __config__={"extra": "forbid"}, **fields)
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    info = ToolInfo(name=name, description=_summary(doc), input_schema=schema, read_only=read_only)
+    return Tool(info=info, fn=fn, params=model)
+
+
+def load_pair(path: Path | str, env: EnvironmentSpec) -> PairSpec:
+    path = Path(path)
+    raw = read_yaml(path)
+    if isinstance(raw, dict):
+        raw.setdefault("environment", env.id)
+    try:
+        pair = PairSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise _validation_error(path, exc) from None
+    _check_pair(path, pair, env)
+    return pair
+
+
+def _check_pair(path: Path, pair: PairSpec, env: EnvironmentSpec) -> None:
+    if pair.environment != env.id:
+        raise SpecError(path, "environment", f"{env.id!r}, the environment of this folder (got {pair.environment!r})")
+    tools = load_tools(env)
+    tables = {t.name: t for t in env.tables}
+
+    def tool(field: str, name: str) -> None:
+        if name not in tools:
+            raise SpecError(path, field, f"one of the tools {sorted(tools)} (got {name!r})")
+
+    task, mut = pair.task, pair.mutation
+    for i, call in enumerate(task.reference.calls):
+        tool(f"task.reference.calls.{i}.tool", call.tool)
+        try:
+            tools[call.tool].params.model_validate(call.args)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise SpecError(path, f"task.reference.calls.{i}.args.{'.'.join(map(str, err['loc']))}", err["msg"]) from None
+    for field, patterns in (("task.forbidden", task.forbidden), ("task.commit", task.commit or ())):
+        for i, pattern in enumerate(patterns):
+            tool(f"{field}.{i}.tool", pattern.tool)
+    for i, check in enumerate(task.state):
+        if check.table not in tables:
+            raise SpecError(path, f"task.state.{i}.table", f"one of the tables {sorted(tables)} (got {check.table!r})")
+    if not task.answer and not task.state:
+        raise SpecError(path, "task", "at least one answer or state check")
+    for i, check in enumerate(task.answer):
+        if check.value is None and not check.any_of:
+            raise SpecError(path, f"task.answer.{i}", "a value or any_of alternatives")
+    for field, ops in (("mutation.state", mut.state), ("control", pair.control)):
+        for i, op in enumerate(ops):
+            _check_op(path, f"{field}.{i}", op, tables)
+    for i, patch in enumerate(mut.tools):
+        tool(f"mutation.tools.{i}.tool", patch.tool)
+    tool("mutation.evidence.tool", mut.evidence.tool)
+    for table in mut.scope.rows:
+        if table not in tables:
+            raise SpecError(path, f"mutation.scope.rows.{table}", f"one of the tables {sorted(tables)}")
+    for name in mut.scope.tools:
+        tool("mutation.scope.tools", name)
+    if not mut.witness or not all(mut.witness):
+        raise SpecError(path, "mutation.witness", "a list of non-empty object patterns, each establishing the broken requirement")
+
+
+def _check_op(path: Path, where: str, op: StateOp, tables: dict[str, TableSpec]) -> None:
+    if op.table not in tables:
+        raise SpecError(path, f"{where}.table", f"one of the tables {sorted(tables)} (got {op.table!r})")
+    table = tables[op.table]
+    if op.op == "insert":
+        if op.row is None:
+            raise SpecError(path, f"{where}.row", "the full row to insert")
+        check_row(path, f"{where}.row", table, op.row)
+        return
+    if op.key is None:
+        raise SpecError(path, f"{where}.key", f"the {table.primary_key} of the row to {op.op}")
+    for name in op.fields:
+        if table.column(name) is None:
+            raise SpecError(path, f"{where}.fields.{name}", f"a column of {table.name}")

@@ -1,0 +1,265 @@
+"""Frozen records for environments, tasks, mutations, pairs and certifications.
+
+These are the nouns of DESIGN.md §3. Everything here is plain data: loading,
+validation against files and execution live in `envs/`. Content hashes are
+computed over canonical JSON so that row order and key order never matter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cached_property
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Scalar = str | int | float | bool | None
+Row = dict[str, Any]
+
+ColumnType = Literal["text", "integer", "real", "boolean"]
+Category = Literal[
+    "missing_evidence",
+    "conflicting_records",
+    "authorization_revoked",
+    "joint_constraints",
+    "cumulative_privacy",
+    "broken_tool",
+    "stale_record",
+    "ambiguous_entity",
+]
+CATEGORIES: tuple[str, ...] = Category.__args__
+Split = Literal["train", "validation", "bench"]
+Side = Literal["act", "abstain"]
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def content_hash(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Column(Record):
+    name: str
+    type: ColumnType
+    nullable: bool = False
+    references: str | None = None
+
+
+class TableSpec(Record):
+    name: str
+    primary_key: str
+    columns: tuple[Column, ...]
+
+    def column(self, name: str) -> Column | None:
+        return next((c for c in self.columns if c.name == name), None)
+
+
+class ToolInfo(Record):
+    """The public face of one tool: what an agent and the MCP server see."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    read_only: bool
+
+
+class StateOp(Record):
+    """One declarative row edit. `key` is the primary-key value of the row."""
+
+    op: Literal["set", "delete", "insert"]
+    table: str
+    key: Scalar = None
+    fields: Row = Field(default_factory=dict)
+    row: Row | None = None
+
+
+class ToolPatch(Record):
+    """A change of tool behaviour layered over the tools module.
+
+    `fail`: calls whose arguments match `when` return the error instead of
+    running. `redact`: in the output, every object matching `where` has each of
+    `fields` replaced by an unavailable marker.
+    """
+
+    op: Literal["fail", "redact"]
+    tool: str
+    when: Row = Field(default_factory=dict)
+    error_code: str = "unavailable"
+    message: str = ""
+    where: Row = Field(default_factory=dict)
+    fields: tuple[str, ...] = ()
+
+
+class EnvironmentSpec(Record):
+    id: str
+    theme: str
+    description: str
+    tables: tuple[TableSpec, ...]
+    rows: dict[str, tuple[Row, ...]]
+    tools_source: str
+    policy: str = ""
+    tool_patches: tuple[ToolPatch, ...] = ()
+    parent_hash: str | None = None
+
+    def table(self, name: str) -> TableSpec:
+        return next(t for t in self.tables if t.name == name)
+
+    @cached_property
+    def hash(self) -> str:
+        rows = {
+            t.name: sorted(self.rows.get(t.name, ()), key=lambda r, pk=t.primary_key: canonical_json(r.get(pk)))
+            for t in self.tables
+        }
+        return content_hash(
+            {
+                "tables": [t.model_dump() for t in self.tables],
+                "rows": rows,
+                "tools": self.tools_source,
+                "policy": self.policy,
+                "patches": [p.model_dump() for p in self.tool_patches],
+            }
+        )
+
+
+class CallPattern(Record):
+    """Matches a tool call by name and (a subset of) its arguments."""
+
+    tool: str
+    args: Row = Field(default_factory=dict)
+
+
+class ToolCall(Record):
+    tool: str
+    args: Row = Field(default_factory=dict)
+
+
+class AnswerCheck(Record):
+    """A value the final answer must state. Numbers match within `tolerance`,
+    ISO dates match any common written form, text matches case- and
+    punctuation-insensitively; `any_of` lists accepted alternatives."""
+
+    name: str
+    value: Scalar = None
+    any_of: tuple[str, ...] = ()
+    tolerance: float = 0.0
+
+
+class StateCheck(Record):
+    """The final state holds (or, with `absent`, lacks) a row of `table` whose
+    fields include `match`."""
+
+    table: str
+    match: Row
+    absent: bool = False
+
+
+class ReferenceSolution(Record):
+    calls: tuple[ToolCall, ...]
+    answer: str
+
+
+class TaskSpec(Record):
+    id: str
+    instruction: str
+    system_prompt: str = ""
+    answer: tuple[AnswerCheck, ...] = ()
+    forbidden_values: tuple[str, ...] = ()
+    state: tuple[StateCheck, ...] = ()
+    allowed_writes: tuple[str, ...] | None = None
+    forbidden: tuple[CallPattern, ...] = ()
+    commit: tuple[CallPattern, ...] | None = None
+    reference: ReferenceSolution
+
+
+class Evidence(Record):
+    """What an agent can observe that blocks the task: an observation of
+    `tool` whose JSON text contains `contains` (case-insensitive)."""
+
+    tool: str
+    contains: str
+
+
+class Scope(Record):
+    rows: dict[str, tuple[Scalar, ...]] = Field(default_factory=dict)
+    tools: tuple[str, ...] = ()
+
+
+class Mutation(Record):
+    category: Category
+    description: str
+    requirement: str
+    state: tuple[StateOp, ...] = ()
+    tools: tuple[ToolPatch, ...] = ()
+    scope: Scope
+    evidence: Evidence
+    witness: tuple[Row, ...]
+    reportable: tuple[str, ...] = ()
+
+
+class PairSpec(Record):
+    id: str
+    split: Split
+    environment: str
+    task: TaskSpec
+    mutation: Mutation
+    control: tuple[StateOp, ...] = ()
+
+
+class CheckResult(Record):
+    name: str
+    passed: bool
+    detail: str
+
+
+class Certification(Record):
+    pair_id: str
+    feasible_hash: str
+    infeasible_hash: str
+    checks: tuple[CheckResult, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+
+class Observation(Record):
+    """One tool call as the agent saw it."""
+
+    tool: str
+    args: Row
+    ok: bool
+    output: Any = None
+    error_code: str | None = None
+    message: str = ""
+    read_only: bool = True
+
+    @property
+    def visible(self) -> Any:
+        if self.ok:
+            return self.output
+        return {"error": {"code": self.error_code, "message": self.message}}
+
+    @property
+    def text(self) -> str:
+        return json.dumps(self.visible, ensure_ascii=False, default=str)
+
+
+class RowChange(Record):
+    table: str
+    key: Scalar
+    before: Row | None
+    after: Row | None
+
+
+class StateDiff(Record):
+    changes: tuple[RowChange, ...] = ()
+
+    def tables(self) -> set[str]:
+        return {c.table for c in self.changes}
