@@ -265,6 +265,8 @@ def load_pair(path: Path | str, env: EnvironmentSpec) -> PairSpec:
     raw = read_yaml(path)
     if isinstance(raw, dict):
         raw.setdefault("environment", env.id)
+        if isinstance(raw.get("task"), dict):
+            raw["task"].setdefault("id", raw.get("id"))
     try:
         pair = PairSpec.model_validate(raw)
     except ValidationError as exc:

@@ -1,0 +1,76 @@
+"""Find, load and check the pairs of a catalog directory.
+
+A catalog is a directory of environment folders, each with a `pairs/` folder.
+`catalog_problems` checks what HERA's splits require of the whole set.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from envs.spec import SpecError, load_environment, load_pair
+from state.records import CATEGORIES, EnvironmentSpec, PairSpec
+
+CATALOG = Path(__file__).parent / "catalog"
+MIN_PER_CATEGORY = 4
+SPLIT_SIZES = {"train": 20, "validation": 15, "bench": 25}
+
+
+@dataclass(frozen=True)
+class Entry:
+    pair: PairSpec
+    env: EnvironmentSpec
+    path: Path
+
+
+def load_catalog(root: Path | str = CATALOG, errors: list[SpecError] | None = None) -> dict[str, Entry]:
+    """Every pair of the catalog by id. A broken environment or pair raises,
+    or, when `errors` is given, is appended to it and skipped."""
+    entries: dict[str, Entry] = {}
+
+    def attempt(load):
+        try:
+            return load()
+        except SpecError as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
+
+    for env_dir in sorted(p.parent for p in Path(root).glob("*/environment.yaml")):
+        env = attempt(lambda: load_environment(env_dir))
+        if env is None:
+            continue
+        for path in sorted((env_dir / "pairs").glob("*.yaml")):
+            pair = attempt(lambda: load_pair(path, env))
+            if pair is None:
+                continue
+            if pair.id in entries:
+                attempt(lambda: _duplicate(path, pair.id, entries[pair.id].path))
+                continue
+            entries[pair.id] = Entry(pair=pair, env=env, path=path)
+    return entries
+
+
+def _duplicate(path: Path, pair_id: str, other: Path) -> None:
+    raise SpecError(path, "id", f"a unique pair id; {pair_id!r} is also in {other}")
+
+
+def catalog_problems(entries: dict[str, Entry]) -> list[str]:
+    problems = []
+    splits = Counter(e.pair.split for e in entries.values())
+    for split, size in SPLIT_SIZES.items():
+        if split == "bench" and splits[split] < size or split != "bench" and splits[split] != size:
+            problems.append(f"split {split} has {splits[split]} pairs; expected {'at least ' if split == 'bench' else ''}{size}")
+    themes = {s: {e.env.theme for e in entries.values() if e.pair.split == s} for s in SPLIT_SIZES}
+    shared = themes["bench"] & (themes["train"] | themes["validation"])
+    if shared:
+        problems.append(f"bench themes also in train/validation: {sorted(shared)}")
+    categories = Counter(e.pair.mutation.category for e in entries.values())
+    problems += [
+        f"category {c} has {categories[c]} pairs; expected at least {MIN_PER_CATEGORY}"
+        for c in CATEGORIES
+        if categories[c] < MIN_PER_CATEGORY
+    ]
+    return problems

@@ -1,0 +1,130 @@
+"""Bounded rescue search: is there another public route to what a mutation broke?
+
+Starting from the values in the instruction and the reference arguments, the
+search calls every read tool with every known value of a fitting kind, adds
+each new value it observes, and repeats until nothing new can be called or the
+call budget is spent. A parameter is fed the values seen under a key of the
+same name, plus the untyped ones (list items, instruction tokens, reference
+arguments). It reports the first observation containing a witness object.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from envs.match import find_object
+from envs.runtime import EnvInstance
+from state.records import EnvironmentSpec, Observation, Row, TaskSpec
+
+MAX_CALLS = 2000
+PER_TOOL_ROUND = 400
+
+
+@dataclass(frozen=True)
+class RescueResult:
+    found: Observation | None
+    calls: int
+    exhausted: bool
+
+
+class _Values:
+    def __init__(self) -> None:
+        self.by_key: dict[str, list[Any]] = {}
+        self.untyped: list[Any] = []
+        self._seen: set[tuple[str, Any]] = set()
+
+    def add(self, key: str | None, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            return
+        if isinstance(value, str) and not 0 < len(value) <= 80:
+            return
+        marker = (key or "", value)
+        if marker in self._seen:
+            return
+        self._seen.add(marker)
+        (self.by_key.setdefault(key, []) if key else self.untyped).append(value)
+
+    def harvest(self, value: Any, key: str | None = None) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                self.harvest(v, k)
+        elif isinstance(value, list):
+            for v in value:
+                self.harvest(v, key)
+        else:
+            self.add(key, value)
+
+    def for_param(self, name: str, tp: Any) -> list[Any]:
+        origin = typing.get_origin(tp)
+        if origin is Literal:
+            return list(typing.get_args(tp))
+        if tp is bool:
+            return [True, False]
+        if origin is list:
+            return [[v] for v in self.for_param(name, typing.get_args(tp)[0])]
+        if origin is not None:  # Optional[X]
+            inner = [a for a in typing.get_args(tp) if a is not type(None)]
+            return self.for_param(name, inner[0]) if inner else []
+        pool = self.by_key.get(name, []) + self.untyped
+        kind = {str: str, int: int, float: (int, float)}.get(tp, str)
+        out = []
+        for v in pool:
+            if isinstance(v, kind) and v not in out:
+                out.append(v)
+            elif kind is int and isinstance(v, str) and v.isdigit() and int(v) not in out:
+                out.append(int(v))
+        return out
+
+
+def seeds(task: TaskSpec) -> _Values:
+    values = _Values()
+    for token in re.findall(r'"([^"]+)"|\b([A-Z][\w-]*\d[\w-]*|\d{4}-\d{2}-\d{2})\b', task.instruction):
+        values.add(None, token[0] or token[1])
+    for call in task.reference.calls:
+        for key, value in call.args.items():
+            values.harvest(value, key)
+            values.harvest(value)
+    return values
+
+
+def rescue_search(env: EnvironmentSpec, task: TaskSpec, witness: tuple[Row, ...], max_calls: int = MAX_CALLS) -> RescueResult:
+    instance = EnvInstance(env)
+    values = seeds(task)
+    tried: set[str] = set()
+    read_tools = [t for t in instance.tools.values() if t.read_only]
+    calls = 0
+    try:
+        while True:
+            progressed = False
+            for tool in read_tools:
+                fields = tool.params.model_fields
+                required = {n: f for n, f in fields.items() if f.is_required()}
+                pools = [values.for_param(n, f.annotation) for n, f in required.items()]
+                made = 0
+                for combo in itertools.product(*pools):
+                    args = dict(zip(required, combo))
+                    signature = f"{tool.name}:{sorted(args.items(), key=str)}"
+                    if signature in tried:
+                        continue
+                    if calls >= max_calls or made >= PER_TOOL_ROUND:
+                        break
+                    tried.add(signature)
+                    calls += 1
+                    made += 1
+                    progressed = True
+                    obs = instance.call(tool.name, args)
+                    if not obs.ok:
+                        continue
+                    if any(find_object(w, obs.output) for w in witness):
+                        return RescueResult(found=obs, calls=calls, exhausted=False)
+                    values.harvest(obs.output)
+            if calls >= max_calls:
+                return RescueResult(found=None, calls=calls, exhausted=False)
+            if not progressed:
+                return RescueResult(found=None, calls=calls, exhausted=True)
+    finally:
+        instance.close()

@@ -1,0 +1,1 @@
+"""Composition roots: graphs, the programmatic API and the `hera` CLI."""

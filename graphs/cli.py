@@ -1,0 +1,226 @@
+"""The `hera` command: a thin argparse + rich layer over the library.
+
+Human output goes to stderr, `--json` output to stdout. Exit codes: 0 ok,
+1 a run or check failed, 2 bad usage or a broken spec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import Counter
+
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog
+from envs.certify import certify
+from envs.mcp_server import serve_stdio, side_environment
+from envs.mutation import apply_mutation
+from envs.runtime import EnvInstance
+from envs.spec import SpecError
+from state.ledger import Ledger
+from state.records import CATEGORIES, Certification
+
+console = Console(stderr=True)
+
+
+class UsageError(Exception):
+    pass
+
+
+def _entries(args: argparse.Namespace, errors: list[SpecError] | None = None) -> dict[str, Entry]:
+    return load_catalog(args.catalog, errors=errors)
+
+
+def _pick(entries: dict[str, Entry], ids: list[str]) -> list[Entry]:
+    unknown = [i for i in ids if i not in entries]
+    if unknown:
+        raise UsageError(f"unknown pair(s): {', '.join(unknown)} (see `hera envs list`)")
+    return [entries[i] for i in ids]
+
+
+def envs_list(args: argparse.Namespace) -> int:
+    entries = _entries(args)
+    ledger = Ledger(args.ledger)
+    rows = []
+    for pair_id, e in entries.items():
+        if args.split and e.pair.split != args.split:
+            continue
+        mutated = apply_mutation(e.env, e.pair.mutation).env
+        cert = ledger.certification(pair_id, e.env.hash, mutated.hash)
+        status = "not run" if cert is None else ("certified" if cert.passed else "FAILED")
+        rows.append({"pair": pair_id, "theme": e.env.theme, "split": e.pair.split,
+                     "category": e.pair.mutation.category, "certification": status})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    table = Table(title=f"{len(rows)} pairs")
+    for col in ("pair", "theme", "split", "category", "certification"):
+        table.add_column(col)
+    for r in rows:
+        style = {"certified": "green", "FAILED": "red"}.get(r["certification"], "dim")
+        table.add_row(*(r[c] for c in ("pair", "theme", "split", "category")), f"[{style}]{r['certification']}[/]")
+    console.print(table)
+    return 0
+
+
+def envs_show(args: argparse.Namespace) -> int:
+    (entry,) = _pick(_entries(args), [args.pair])
+    pair, env = entry.pair, entry.env
+    mutated = apply_mutation(env, pair.mutation).env
+    cert = Ledger(args.ledger).certification(pair.id, env.hash, mutated.hash) or certify(pair, env)
+    if args.json:
+        print(json.dumps({"pair": pair.model_dump(), "feasible_hash": env.hash, "infeasible_hash": mutated.hash,
+                          "certification": cert.model_dump()}, indent=1, default=str))
+        return 0
+    m = pair.mutation
+    console.print(Panel(escape(pair.task.instruction.strip()), title=escape(f"{pair.id}  [{pair.split}]  {env.theme}")))
+    tools = Table(title="public tools (identical on both sides)")
+    tools.add_column("tool")
+    tools.add_column("kind")
+    tools.add_column("description")
+    for t in EnvInstance(env).public_tools:
+        tools.add_row(t.name, "read" if t.read_only else "[yellow]write[/]", t.description.splitlines()[0])
+    console.print(tools)
+    sides = Table(title="sides")
+    sides.add_column("side")
+    sides.add_column("environment")
+    sides.add_column("should")
+    sides.add_row("act", f"{env.id} @ {env.hash}", "complete the task")
+    sides.add_row("abstain", f"{env.id} @ {mutated.hash} (parent {mutated.parent_hash})", "abstain")
+    console.print(sides)
+    ops = [f"{o.op} {o.table}[{o.key if o.op != 'insert' else '…'}] {o.fields or o.row or ''}" for o in m.state]
+    ops += [f"{p.op} tool {p.tool} {p.when or p.where or ''} {p.fields or p.error_code}" for p in m.tools]
+    body = "\n".join([
+        f"[bold]category[/] {m.category}",
+        f"[bold]what changed[/] {m.description}",
+        f"[bold]breaks[/] {m.requirement}",
+        "[bold]patch[/]\n  " + "\n  ".join(ops),
+        f"[bold]scope[/] rows {dict(m.scope.rows)} tools {list(m.scope.tools)}",
+        f"[bold]evidence[/] {m.evidence.tool} shows {m.evidence.contains!r}",
+        f"[bold]witness[/] {list(m.witness)}",
+        f"[bold]still reportable[/] {', '.join(m.reportable) or '-'}",
+    ])
+    console.print(Panel(body, title="mutation (private)"))
+    console.print(_cert_table([cert]))
+    return 0 if cert.passed else 1
+
+
+def _cert_table(certs: list[Certification]) -> Table:
+    table = Table(title="certification")
+    for col in ("pair", "check", "result", "detail"):
+        table.add_column(col, overflow="fold")
+    for cert in certs:
+        for i, c in enumerate(cert.checks):
+            result = "[green]pass[/]" if c.passed else "[red]FAIL[/]"
+            table.add_row(cert.pair_id if i == 0 else "", c.name, result, c.detail)
+        table.add_section()
+    return table
+
+
+def envs_certify(args: argparse.Namespace) -> int:
+    if not args.all and not args.pairs:
+        raise UsageError("name pairs to certify, or --all")
+    errors: list[SpecError] = []
+    entries = _entries(args, errors if args.all else None)
+    chosen = list(entries.values()) if args.all else _pick(entries, args.pairs)
+    ledger = Ledger(args.ledger)
+    certs = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("certifying", total=len(chosen))
+        for entry in chosen:
+            progress.update(task, description=f"certifying {entry.pair.id}")
+            cert = certify(entry.pair, entry.env)
+            ledger.record_certification(cert)
+            certs.append(cert)
+            progress.advance(task)
+    problems = [str(e) for e in errors] + (catalog_problems(entries) if args.all else [])
+    failed = [c.pair_id for c in certs if not c.passed]
+    if args.json:
+        print(json.dumps({"certifications": [c.model_dump() for c in certs], "problems": problems}, indent=1))
+    else:
+        console.print(_cert_table(certs if args.verbose or len(certs) <= 5 else [c for c in certs if not c.passed]))
+        if args.all:
+            console.print(_summary(chosen, certs))
+        for problem in problems:
+            console.print(f"[red]problem:[/] {problem}")
+        verdict = f"[red]{len(failed)} failed[/]" if failed else "[green]none failed[/]"
+        if problems:
+            verdict += f"; [red]{len(problems)} catalog problem(s)[/]"
+        console.print(f"{len(certs) - len(failed)}/{len(certs)} pairs certified; {verdict}")
+    return 1 if failed or problems else 0
+
+
+def _summary(entries: list[Entry], certs: list[Certification]) -> Table:
+    passed = {c.pair_id for c in certs if c.passed}
+    table = Table(title="catalog")
+    table.add_column("category")
+    splits = ("train", "validation", "bench")
+    for s in splits:
+        table.add_column(s, justify="right")
+    table.add_column("certified", justify="right")
+    counts = Counter((e.pair.mutation.category, e.pair.split) for e in entries)
+    for cat in CATEGORIES:
+        ok = sum(1 for e in entries if e.pair.mutation.category == cat and e.pair.id in passed)
+        total = sum(counts[(cat, s)] for s in splits)
+        table.add_row(cat, *(str(counts[(cat, s)]) for s in splits), f"{ok}/{total}")
+    totals = Counter(e.pair.split for e in entries)
+    table.add_section()
+    table.add_row("all", *(str(totals[s]) for s in splits), f"{len(passed)}/{len(entries)}")
+    return table
+
+
+def envs_serve(args: argparse.Namespace) -> int:
+    try:
+        env = side_environment(args.pair, args.side, args.catalog)
+    except KeyError as exc:
+        raise UsageError(str(exc.args[0])) from None
+    asyncio.run(serve_stdio(env))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hera", description="Harness–environment co-evolution for agentic abstention.")
+    p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one)")
+    p.add_argument("--ledger", default=None, help="ledger file (default: runs/hera.db)")
+    top = p.add_subparsers(dest="command", required=True)
+    envs = top.add_parser("envs", help="environments and matched pairs").add_subparsers(dest="envs_command", required=True)
+    ls = envs.add_parser("list", help="list the catalog's pairs")
+    ls.add_argument("--split", choices=["train", "validation", "bench"])
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(run=envs_list)
+    show = envs.add_parser("show", help="both sides of a pair, its mutation and its certification")
+    show.add_argument("pair")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(run=envs_show)
+    cert = envs.add_parser("certify", help="certify pairs; exit 1 if any check fails")
+    cert.add_argument("pairs", nargs="*")
+    cert.add_argument("--all", action="store_true")
+    cert.add_argument("--json", action="store_true")
+    cert.add_argument("-v", "--verbose", action="store_true", help="show every check of every pair")
+    cert.set_defaults(run=envs_certify)
+    serve = envs.add_parser("serve", help="serve one side of a pair as an MCP server on stdio")
+    serve.add_argument("pair")
+    serve.add_argument("--side", choices=["act", "abstain"], required=True)
+    serve.set_defaults(run=envs_serve)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (UsageError, SpecError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

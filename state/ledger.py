@@ -1,0 +1,55 @@
+"""The run ledger: one SQLite file under `runs/`, written through sqlite-utils.
+
+It holds private records (certifications now; episodes and lineage as the
+system grows). Nothing in it is ever served to an agent.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import sqlite_utils
+
+from state.records import Certification
+
+RUNS = Path(__file__).resolve().parent.parent / "runs"
+
+
+class Ledger:
+    def __init__(self, path: Path | str | None = None):
+        self.path = Path(path) if path else RUNS / "hera.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite_utils.Database(self.path)
+
+    def record_certification(self, cert: Certification) -> None:
+        self.db["certifications"].upsert(
+            {
+                "pair_id": cert.pair_id,
+                "feasible_hash": cert.feasible_hash,
+                "infeasible_hash": cert.infeasible_hash,
+                "passed": cert.passed,
+                "checks": json.dumps([c.model_dump() for c in cert.checks]),
+                "certified_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            },
+            pk=("pair_id", "feasible_hash", "infeasible_hash"),
+        )
+
+    def certification(self, pair_id: str, feasible_hash: str, infeasible_hash: str) -> Certification | None:
+        if "certifications" not in self.db.table_names():
+            return None
+        rows = list(
+            self.db["certifications"].rows_where(
+                "pair_id = ? and feasible_hash = ? and infeasible_hash = ?", [pair_id, feasible_hash, infeasible_hash]
+            )
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        return Certification(
+            pair_id=row["pair_id"],
+            feasible_hash=row["feasible_hash"],
+            infeasible_hash=row["infeasible_hash"],
+            checks=tuple(json.loads(row["checks"])),
+        )
