@@ -28,8 +28,6 @@ _template_lock = threading.RLock()
 
 
 _templates: dict[str, sqlite3.Connection] = {}
-# Tool code with a bug is an environment defect: recorded as internal_error, never a crash.
-_TOOL_BUGS = (sqlite3.Error, TypeError, ValueError, KeyError, IndexError, AttributeError)
 
 
 def _template(spec: EnvironmentSpec) -> sqlite3.Connection:
@@ -144,24 +142,20 @@ class EnvInstance:
         if tool.read_only:
             self.conn.execute("PRAGMA query_only = 1")
             try:
-                return _json_plain(tool.fn(self.db, **params))
-            except _TOOL_BUGS as exc:
-                raise ToolError("internal_error", f"{tool.name} failed: {type(exc).__name__}: {exc}") from None
+                return _guarded(tool, params, self.db)
             finally:
                 self.conn.execute("PRAGMA query_only = 0")
         saved = sqlite3.connect(":memory:")
         self.conn.commit()
         self.conn.backup(saved)
         try:
-            output = _json_plain(tool.fn(self.db, **params))
+            output = _guarded(tool, params, self.db)
             self.conn.commit()
             return output
-        except (ToolError, *_TOOL_BUGS) as exc:
+        except ToolError:
             self.conn.rollback()
             saved.backup(self.conn)
-            if isinstance(exc, ToolError):
-                raise
-            raise ToolError("internal_error", f"{tool.name} failed: {type(exc).__name__}: {exc}") from None
+            raise
         finally:
             saved.close()
 
@@ -175,6 +169,17 @@ class EnvInstance:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _guarded(tool: Tool, params: dict[str, Any], db: sqlite_utils.Database) -> Any:
+    try:
+        return _json_plain(tool.fn(db, **params))
+    except ToolError:
+        raise
+    except Exception as exc:
+        # A crash in tool code is an environment defect: recorded on the
+        # observation as internal_error (never the agent's fault) and undone.
+        raise ToolError("internal_error", f"{tool.name} failed: {type(exc).__name__}: {exc}") from None
 
 
 def _json_plain(value: Any) -> Any:

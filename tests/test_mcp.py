@@ -1,0 +1,57 @@
+"""One environment side over MCP (stdio), consumed through langchain-mcp-adapters."""
+
+import json
+
+import pytest
+from langchain_mcp_adapters.client import MultiServerMCPClient
+from langchain_mcp_adapters.tools import load_mcp_tools
+
+from envs.catalog import load_catalog
+from envs.mcp_server import connection
+from tests.conftest import FIXTURES
+
+PAIR = "shop-reserve-drill"
+PRIVATE = ["missing_evidence", "mutation", "witness", "requirement", "89.0 each", "abstain", "infeasible", "certif", "DR-220\", \"price\": \"*"]
+
+
+async def test_round_trip_through_adapters():
+    client = MultiServerMCPClient({"env": connection(PAIR, "act", FIXTURES)})
+    async with client.session("env") as session:
+        tools = {t.name: t for t in await load_mcp_tools(session)}
+        assert set(tools) == {"list_items", "get_item", "price_history", "reserve", "sneaky_read", "buggy_write"}
+        item = json.loads((await tools["get_item"].ainvoke({"sku": "DR-220"}))[0]["text"])
+        assert item == {"sku": "DR-220", "name": "Cordless drill", "price": 89.0, "stock": 2}
+        await tools["reserve"].ainvoke({"sku": "DR-220", "qty": 2})
+        after = json.loads((await tools["get_item"].ainvoke({"sku": "DR-220"}))[0]["text"])
+        assert after["stock"] == 0
+
+
+async def test_abstain_side_serves_the_mutated_state_and_a_fresh_episode():
+    client = MultiServerMCPClient({"env": connection(PAIR, "abstain", FIXTURES)})
+    async with client.session("env") as session:
+        result = await session.call_tool("get_item", {"sku": "DR-220"})
+        assert json.loads(result.content[0].text)["price"] is None
+        assert json.loads(result.content[0].text)["stock"] == 2
+
+
+async def test_nothing_private_is_reachable():
+    entry = load_catalog(FIXTURES)[PAIR]
+    client = MultiServerMCPClient({"env": connection(PAIR, "abstain", FIXTURES)})
+    async with client.session("env") as session:
+        init = await session.initialize()
+        seen = [init.model_dump_json()]
+        listed = await session.list_tools()
+        seen.append(listed.model_dump_json())
+        assert {t.name for t in listed.tools} == {"list_items", "get_item", "price_history", "reserve", "sneaky_read", "buggy_write"}
+        for method in (session.list_resources, session.list_prompts, session.list_resource_templates):
+            with pytest.raises(Exception, match="Method not found"):
+                await method()
+        for name in ("certify", "_private", "__hera_tool__", "apply_mutation", "verify", "witness", "load_catalog"):
+            result = await session.call_tool(name, {})
+            assert result.isError
+            seen.append(result.model_dump_json().replace(name, "<name>"))
+        result = await session.call_tool("get_item", {"sku": "DR-220", "__class__": "x"})
+        assert result.isError
+        for text in seen:
+            for secret in PRIVATE + [entry.pair.mutation.description, entry.pair.task.reference.answer]:
+                assert secret.casefold() not in text.casefold(), secret

@@ -1,0 +1,113 @@
+"""The loader names the file, the field and what was expected."""
+
+import json
+import shutil
+
+import pytest
+
+from envs.spec import SpecError, load_environment, load_pair
+from tests.conftest import FIXTURES
+
+
+@pytest.fixture
+def shop_dir(tmp_path):
+    target = tmp_path / "shop"
+    shutil.copytree(FIXTURES / "shop", target)
+    return target
+
+
+def error(directory) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        load_environment(directory)
+    return info.value
+
+
+def test_missing_rows_file(shop_dir):
+    (shop_dir / "rows" / "reservations.json").unlink()
+    e = error(shop_dir)
+    assert e.path.endswith("rows/reservations.json") and e.field == "(file)"
+    assert "does not exist" in e.expected
+
+
+def test_row_of_wrong_type(shop_dir):
+    rows = json.loads((shop_dir / "rows" / "items.json").read_text())
+    rows[1]["stock"] = "two"
+    (shop_dir / "rows" / "items.json").write_text(json.dumps(rows))
+    e = error(shop_dir)
+    assert (e.path.endswith("items.json"), e.field) == (True, "[1].stock")
+    assert e.expected == "a integer (got 'two')"
+
+
+def test_row_missing_column_and_null_in_non_nullable(shop_dir):
+    rows = json.loads((shop_dir / "rows" / "items.json").read_text())
+    del rows[0]["name"]
+    (shop_dir / "rows" / "items.json").write_text(json.dumps(rows))
+    assert error(shop_dir).field == "[0].name"
+    rows[0]["name"] = None
+    (shop_dir / "rows" / "items.json").write_text(json.dumps(rows))
+    assert "not null" in error(shop_dir).expected
+
+
+def test_unknown_column_and_duplicate_key(shop_dir):
+    rows = json.loads((shop_dir / "rows" / "items.json").read_text())
+    (shop_dir / "rows" / "items.json").write_text(json.dumps(rows + [dict(rows[0])]))
+    assert error(shop_dir).field == "[3].sku"
+    rows[2]["colour"] = "red"
+    (shop_dir / "rows" / "items.json").write_text(json.dumps(rows))
+    assert error(shop_dir).field == "[2].colour"
+
+
+def test_dangling_reference(shop_dir):
+    (shop_dir / "rows" / "reservations.json").write_text(json.dumps([{"reservation_id": "R1", "sku": "NOPE", "qty": 1}]))
+    e = error(shop_dir)
+    assert e.field == "[0].sku" and "items.sku" in e.expected
+
+
+def test_bad_column_type(shop_dir):
+    path = shop_dir / "environment.yaml"
+    path.write_text(path.read_text().replace("stock: integer", "stock: number"))
+    e = error(shop_dir)
+    assert e.path.endswith("environment.yaml") and e.field == "tables.items.columns.stock"
+
+
+def test_tool_without_docstring(shop_dir):
+    path = shop_dir / "tools.py"
+    path.write_text(path.read_text().replace('"""Lists every item with its sku and name."""', "pass"))
+    e = error(shop_dir)
+    assert e.path.endswith("tools.py") and e.field == "list_items.__doc__"
+
+
+def test_tool_without_annotation(shop_dir):
+    path = shop_dir / "tools.py"
+    path.write_text(path.read_text().replace("def get_item(db, sku: str)", "def get_item(db, sku)"))
+    e = error(shop_dir)
+    assert e.field == "get_item(sku)" and "type annotation" in e.expected
+
+
+def test_tool_module_that_does_not_import(shop_dir):
+    (shop_dir / "tools.py").write_text("import not_a_module\n")
+    assert error(shop_dir).field == "(module)"
+
+
+def test_pair_naming_unknown_tool(shop_dir, shop):
+    path = shop_dir / "pairs" / "shop-reserve-drill.yaml"
+    path.write_text(path.read_text().replace("tool: get_item, args", "tool: fetch_item, args"))
+    with pytest.raises(SpecError) as info:
+        load_pair(path, shop)
+    assert info.value.field == "task.reference.calls.1.tool"
+    assert "fetch_item" in info.value.expected
+
+
+def test_pair_with_bad_category(shop_dir, shop):
+    path = shop_dir / "pairs" / "shop-reserve-drill.yaml"
+    path.write_text(path.read_text().replace("category: missing_evidence", "category: vibes"))
+    with pytest.raises(SpecError) as info:
+        load_pair(path, shop)
+    assert info.value.field == "mutation.category"
+
+
+def test_yaml_dates_stay_strings(shop_dir, shop):
+    path = shop_dir / "pairs" / "shop-reserve-drill.yaml"
+    path.write_text(path.read_text().replace("value: 89.0}", "value: 89.0}\n    - {name: day, value: 2026-08-01}"))
+    pair = load_pair(path, shop)
+    assert pair.task.answer[1].value == "2026-08-01"
