@@ -7,6 +7,7 @@ system grows). Nothing in it is ever served to an agent.
 from __future__ import annotations
 
 import json
+import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,7 +22,7 @@ class Ledger:
     def __init__(self, path: Path | str | None = None):
         self.path = Path(path) if path else RUNS / "hera.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite_utils.Database(self.path)
+        self.db = sqlite_utils.Database(sqlite3.connect(self.path, timeout=30, check_same_thread=False))
 
     def record_certification(self, cert: Certification) -> None:
         self.db["certifications"].upsert(

@@ -1,0 +1,95 @@
+"""The `certify` graph: certify catalog pairs in parallel branches.
+
+`fan_out_pairs` sends one `PairTask` per requested pair (all of them when none
+are named) to `pair_certifier`; `catalog_reviewer` then checks the split and
+category rules over the whole catalog. Runs in LangGraph Studio through
+`langgraph.json`, or programmatically through `certify_pairs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Annotated
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import Send
+from typing_extensions import TypedDict
+
+from envs.catalog import CATALOG, catalog_problems, load_catalog
+from envs.certify import certify
+from state.ledger import Ledger
+from state.records import Certification
+
+
+@dataclass(frozen=True)
+class Context:
+    catalog: str = str(CATALOG)
+    ledger: str | None = None
+
+
+def merge(left: dict, right: dict) -> dict:
+    return {**left, **right}
+
+
+class CertifyInput(TypedDict, total=False):
+    pair_ids: list[str]
+
+
+class CertifyOutput(TypedDict):
+    certifications: dict[str, Certification]
+    problems: list[str]
+
+
+class CertifyState(CertifyInput, CertifyOutput):
+    certifications: Annotated[dict[str, Certification], merge]
+
+
+class PairTask(TypedDict):
+    pair_id: str
+
+
+def fan_out_pairs(state: CertifyState, runtime: Runtime[Context]) -> list[Send]:
+    ids = state.get("pair_ids") or sorted(load_catalog(runtime.context.catalog))
+    return [Send("pair_certifier", PairTask(pair_id=i)) for i in ids]
+
+
+async def pair_certifier(task: PairTask, runtime: Runtime[Context]) -> dict:
+    """Certifies one pair; writes `certifications`."""
+
+    def work() -> Certification:
+        entry = load_catalog(runtime.context.catalog)[task["pair_id"]]
+        return certify(entry.pair, entry.env)
+
+    cert = await asyncio.to_thread(work)
+    return {"certifications": {cert.pair_id: cert}}
+
+
+async def catalog_reviewer(state: CertifyState, runtime: Runtime[Context]) -> dict:
+    """Records the certifications in the ledger and checks the split and
+    category rules over the catalog; writes `problems`."""
+
+    def work() -> dict:
+        ledger = Ledger(runtime.context.ledger)
+        for cert in state["certifications"].values():
+            ledger.record_certification(cert)
+        return load_catalog(runtime.context.catalog)
+
+    entries = await asyncio.to_thread(work)
+    failed = [f"{pid} failed certification" for pid, c in sorted(state["certifications"].items()) if not c.passed]
+    return {"problems": failed + catalog_problems(entries)}
+
+
+def build_certify() -> StateGraph:
+    builder = StateGraph(CertifyState, context_schema=Context, input_schema=CertifyInput, output_schema=CertifyOutput)
+    builder.add_node(pair_certifier)
+    builder.add_node(catalog_reviewer)
+    builder.add_conditional_edges(START, fan_out_pairs, ["pair_certifier"])
+    builder.add_edge("pair_certifier", "catalog_reviewer")
+    builder.add_edge("catalog_reviewer", END)
+    return builder
+
+
+builder = build_certify()
+graph = builder.compile(name="certify")

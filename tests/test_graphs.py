@@ -1,0 +1,32 @@
+"""Graphs listed in langgraph.json import and run end to end on an in-memory checkpointer."""
+
+import importlib
+import json
+from pathlib import Path
+
+from langgraph.checkpoint.memory import InMemorySaver
+
+from graphs.certify import Context, builder
+from tests.conftest import FIXTURES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_langgraph_json_entries_import():
+    spec = json.loads((ROOT / "langgraph.json").read_text())
+    for name, target in spec["graphs"].items():
+        module, attr = target.split(":")
+        graph = getattr(importlib.import_module(module.removeprefix("./").removesuffix(".py").replace("/", ".")), attr)
+        assert graph.name == name
+        assert graph.checkpointer is None
+
+
+async def test_certify_graph_fans_out_and_reports(tmp_path):
+    graph = builder.compile(checkpointer=InMemorySaver())
+    result = await graph.ainvoke(
+        {"pair_ids": ["shop-reserve-drill", "shop-rescued"]},
+        {"configurable": {"thread_id": "t1"}},
+        context=Context(catalog=str(FIXTURES), ledger=str(tmp_path / "ledger.db")),
+    )
+    assert {k: v.passed for k, v in result["certifications"].items()} == {"shop-reserve-drill": True, "shop-rescued": False}
+    assert result["problems"][0] == "shop-rescued failed certification"
