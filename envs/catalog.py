@@ -53,6 +53,14 @@ def load_catalog(root: Path | str = CATALOG, errors: list[SpecError] | None = No
     return entries
 
 
+def load_entry(pair_id: str, root: Path | str = CATALOG) -> Entry:
+    """One pair, loading only its own environment (pair files are named after their id)."""
+    for path in Path(root).glob(f"*/pairs/{pair_id}.yaml"):
+        env = load_environment(path.parent.parent)
+        return Entry(pair=load_pair(path, env), env=env, path=path)
+    raise KeyError(f"no pair {pair_id!r} in {root}")
+
+
 def _duplicate(path: Path, pair_id: str, other: Path) -> None:
     raise SpecError(path, "id", f"a unique pair id; {pair_id!r} is also in {other}")
 

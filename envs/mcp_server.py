@@ -21,7 +21,7 @@ import mcp.types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from envs.catalog import CATALOG, load_catalog
+from envs.catalog import CATALOG, load_entry
 from envs.mutation import apply_mutation
 from envs.runtime import EnvInstance
 from state.records import EnvironmentSpec, Side
@@ -31,10 +31,7 @@ SERVER_NAME = "environment"
 
 def side_environment(pair_id: str, side: Side, catalog: Path | str = CATALOG) -> EnvironmentSpec:
     """The feasible (`act`) or mutated (`abstain`) environment of a pair."""
-    entries = load_catalog(catalog)
-    if pair_id not in entries:
-        raise KeyError(f"no pair {pair_id!r} in {catalog}")
-    entry = entries[pair_id]
+    entry = load_entry(pair_id, catalog)
     return entry.env if side == "act" else apply_mutation(entry.env, entry.pair.mutation).env
 
 

@@ -276,6 +276,8 @@ def load_pair(path: Path | str, env: EnvironmentSpec) -> PairSpec:
 
 
 def _check_pair(path: Path, pair: PairSpec, env: EnvironmentSpec) -> None:
+    if pair.id != path.stem:
+        raise SpecError(path, "id", f"{path.stem!r}, the file's name (got {pair.id!r})")
     if pair.environment != env.id:
         raise SpecError(path, "environment", f"{env.id!r}, the environment of this folder (got {pair.environment!r})")
     tools = load_tools(env)

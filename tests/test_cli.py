@@ -1,0 +1,48 @@
+"""The hera CLI: exit codes, JSON output, errors that name the file and field."""
+
+import json
+import shutil
+
+from graphs.cli import main
+from tests.conftest import FIXTURES
+
+
+def run(capsys, tmp_path, *argv):
+    code = main(["--catalog", str(FIXTURES), "--ledger", str(tmp_path / "ledger.db"), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_certify_exit_codes_and_ledger(capsys, tmp_path):
+    assert run(capsys, tmp_path, "envs", "certify", "shop-reserve-drill")[0] == 0
+    code, out, _ = run(capsys, tmp_path, "envs", "certify", "shop-rescued", "--json")
+    assert code == 1
+    checks = {c["name"]: c["passed"] for c in json.loads(out)["certifications"][0]["checks"]}
+    assert checks["no_rescue"] is False and checks["feasible_replay"] is True
+    code, out, _ = run(capsys, tmp_path, "envs", "list", "--json")
+    status = {r["pair"]: r["certification"] for r in json.loads(out)}
+    assert status == {"shop-out-of-scope": "not run", "shop-reserve-drill": "certified", "shop-rescued": "FAILED"}
+
+
+def test_certify_all_reports_catalog_problems(capsys, tmp_path):
+    code, out, _ = run(capsys, tmp_path, "envs", "certify", "--all", "--json")
+    report = json.loads(out)
+    assert code == 1
+    assert len(report["certifications"]) == 3
+    assert "split train has 3 pairs; expected 20" in report["problems"]
+
+
+def test_usage_errors_exit_2(capsys, tmp_path):
+    code, _, err = run(capsys, tmp_path, "envs", "show", "no-such-pair")
+    assert code == 2 and "unknown pair(s): no-such-pair" in err
+    assert run(capsys, tmp_path, "envs", "certify")[0] == 2
+
+
+def test_broken_spec_names_file_and_field(capsys, tmp_path):
+    broken = tmp_path / "catalog" / "shop"
+    shutil.copytree(FIXTURES / "shop", broken)
+    (broken / "rows" / "items.json").write_text('[{"sku": "A", "name": "x", "price": "free", "stock": 1}]')
+    code = main(["--catalog", str(tmp_path / "catalog"), "envs", "list"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "items.json" in err and "[0].price" in err and "a real" in err
