@@ -185,7 +185,7 @@ def _control(pair: PairSpec, env: EnvironmentSpec) -> CheckResult:
     if scoped:
         return CheckResult(name="control", passed=False, detail=f"control edits mutation-scope row {scoped[0].key!r}")
     rows, _ = apply_ops(env, ops, origin="control")
-    controlled = EnvironmentSpec.model_validate({**env.model_dump(), "rows": rows})
+    controlled = env.model_copy(update={"rows": rows})
     shown = ", ".join(f"{op.table}[{op.key}]" for op in ops)
     return _result("control", _replay_failures(controlled, pair.task), f"edit of {shown} keeps the replay passing")
 

@@ -54,19 +54,12 @@ def apply_ops(env: EnvironmentSpec, ops: tuple[StateOp, ...], origin: str = "mut
 
 def apply_mutation(env: EnvironmentSpec, mutation: Mutation) -> Applied:
     rows, inverse = apply_ops(env, mutation.state)
-    mutated = env.model_copy(
-        update={"rows": rows, "tool_patches": env.tool_patches + mutation.tools, "parent_hash": env.hash}
-    )
-    return Applied(env=_rehashed(mutated), inverse=inverse, patch_count=len(mutation.tools))
+    mutated = env.model_copy(update={"rows": rows, "tool_patches": env.tool_patches + mutation.tools, "parent_hash": env.hash})
+    return Applied(env=mutated, inverse=inverse, patch_count=len(mutation.tools))
 
 
 def revert(applied: Applied) -> EnvironmentSpec:
     env = applied.env
     rows, _ = apply_ops(env, applied.inverse, origin="revert")
     patches = env.tool_patches[: len(env.tool_patches) - applied.patch_count]
-    return _rehashed(env.model_copy(update={"rows": rows, "tool_patches": patches, "parent_hash": None}))
-
-
-def _rehashed(env: EnvironmentSpec) -> EnvironmentSpec:
-    # model_copy carries the cached hash of the original along; rebuild instead
-    return EnvironmentSpec.model_validate(env.model_dump())
+    return env.model_copy(update={"rows": rows, "tool_patches": patches, "parent_hash": None})

@@ -5,7 +5,7 @@ search calls every read tool with every known value of a fitting kind, adds
 each new value it observes, and repeats until nothing new can be called or the
 call budget is spent. A parameter is fed the values seen under a key of the
 same name, plus the untyped ones (list items, instruction tokens, reference
-arguments). It reports the first observation containing a witness object.
+arguments); optional parameters are varied one at a time. It reports the first observation containing a witness object.
 """
 
 from __future__ import annotations
@@ -91,6 +91,21 @@ def seeds(task: TaskSpec) -> _Values:
     return values
 
 
+def _arguments(tool, values: _Values):
+    """Every combination of known values for the required parameters, then
+    each optional parameter varied alone on top of them."""
+    fields = tool.params.model_fields
+    required = [n for n, f in fields.items() if f.is_required()]
+    pools = {n: values.for_param(n, f.annotation) for n, f in fields.items()}
+    for combo in itertools.product(*(pools[n] for n in required)):
+        base = dict(zip(required, combo))
+        yield base
+        for name in fields:
+            if name not in base:
+                for value in pools[name]:
+                    yield {**base, name: value}
+
+
 def rescue_search(env: EnvironmentSpec, task: TaskSpec, witness: tuple[Row, ...], max_calls: int = MAX_CALLS) -> RescueResult:
     instance = EnvInstance(env)
     values = seeds(task)
@@ -101,12 +116,8 @@ def rescue_search(env: EnvironmentSpec, task: TaskSpec, witness: tuple[Row, ...]
         while True:
             progressed = False
             for tool in read_tools:
-                fields = tool.params.model_fields
-                required = {n: f for n, f in fields.items() if f.is_required()}
-                pools = [values.for_param(n, f.annotation) for n, f in required.items()]
                 made = 0
-                for combo in itertools.product(*pools):
-                    args = dict(zip(required, combo))
+                for args in _arguments(tool, values):
                     signature = f"{tool.name}:{sorted(args.items(), key=str)}"
                     if signature in tried:
                         continue

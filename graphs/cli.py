@@ -18,7 +18,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog
+from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog, load_entry
 from envs.certify import certify
 from envs.mcp_server import serve_stdio, side_environment
 from envs.mutation import apply_mutation
@@ -38,11 +38,11 @@ def _entries(args: argparse.Namespace, errors: list[SpecError] | None = None) ->
     return load_catalog(args.catalog, errors=errors)
 
 
-def _pick(entries: dict[str, Entry], ids: list[str]) -> list[Entry]:
-    unknown = [i for i in ids if i not in entries]
-    if unknown:
-        raise UsageError(f"unknown pair(s): {', '.join(unknown)} (see `hera envs list`)")
-    return [entries[i] for i in ids]
+def _entry(args: argparse.Namespace, pair_id: str) -> Entry:
+    try:
+        return load_entry(pair_id, args.catalog)
+    except KeyError:
+        raise UsageError(f"unknown pair {pair_id!r} (see `hera envs list`)") from None
 
 
 def envs_list(args: argparse.Namespace) -> int:
@@ -71,7 +71,7 @@ def envs_list(args: argparse.Namespace) -> int:
 
 
 def envs_show(args: argparse.Namespace) -> int:
-    (entry,) = _pick(_entries(args), [args.pair])
+    entry = _entry(args, args.pair)
     pair, env = entry.pair, entry.env
     mutated = apply_mutation(env, pair.mutation).env
     cert = Ledger(args.ledger).certification(pair.id, env.hash, mutated.hash) or certify(pair, env)
@@ -128,8 +128,11 @@ def envs_certify(args: argparse.Namespace) -> int:
     if not args.all and not args.pairs:
         raise UsageError("name pairs to certify, or --all")
     errors: list[SpecError] = []
-    entries = _entries(args, errors if args.all else None)
-    chosen = list(entries.values()) if args.all else _pick(entries, args.pairs)
+    if args.all:
+        entries = _entries(args, errors)
+        chosen = list(entries.values())
+    else:
+        chosen = [_entry(args, pair_id) for pair_id in args.pairs]
     ledger = Ledger(args.ledger)
     certs = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

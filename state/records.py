@@ -111,6 +111,11 @@ class EnvironmentSpec(Record):
     def table(self, name: str) -> TableSpec:
         return next(t for t in self.tables if t.name == name)
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "EnvironmentSpec":
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("hash", None)  # the cached hash belongs to the original
+        return copy
+
     @cached_property
     def hash(self) -> str:
         rows = {

@@ -34,7 +34,7 @@ def test_certify_all_reports_catalog_problems(capsys, tmp_path):
 
 def test_usage_errors_exit_2(capsys, tmp_path):
     code, _, err = run(capsys, tmp_path, "envs", "show", "no-such-pair")
-    assert code == 2 and "unknown pair(s): no-such-pair" in err
+    assert code == 2 and "unknown pair 'no-such-pair'" in err
     assert run(capsys, tmp_path, "envs", "certify")[0] == 2
 
 

@@ -11,18 +11,36 @@ def _unavailable(field: str) -> dict:
 
 
 @read_tool
-def resolve_weather_point(db, location: str) -> dict:
+def resolve_weather_point(db, location: str, county: str | None = None) -> dict:
     """Resolves a place name such as "Fresno, CA" to its weather point: coordinates,
-    county id, forecast resource id and time zone.
+    county id, forecast resource id and time zone. When several weather points
+    share the place name, the call is refused with the candidates listed; pass
+    the county to choose one.
 
     Args:
         location: City and state, for example "Los Angeles, CA".
+        county: Optional county name or id, for example "Fresno County" or "CAC019", to tell apart places with the same name.
     """
     wanted = location.strip().casefold()
-    for row in find(db, "weather_points"):
-        if row["location"].casefold() == wanted or row["location"].split(",")[0].casefold() == wanted:
-            return {k: row[k] for k in ("point_id", "location", "lat", "lon", "county_id", "forecast_id", "time_zone")}
-    raise ToolError("not_found", f"No weather point for {location!r}.")
+    counties = {r["county_id"]: r for r in find(db, "counties")}
+    hits = [
+        row for row in find(db, "weather_points")
+        if row["location"].casefold() == wanted or row["location"].split(",")[0].casefold() == wanted
+    ]
+    if county:
+        c = county.strip().casefold()
+        hits = [
+            row for row in hits
+            if c in (row["county_id"].casefold(), counties[row["county_id"]]["name"].casefold(),
+                     counties[row["county_id"]]["name"].casefold().removesuffix(" county"))
+        ]
+    if not hits:
+        raise ToolError("not_found", f"No weather point for {location!r}" + (f" in {county!r}." if county else "."))
+    if len(hits) > 1:
+        listed = "; ".join(f"{r['point_id']} ({r['location']}, {counties[r['county_id']]['name']})" for r in hits)
+        raise ToolError("ambiguous_location", f"{location!r} matches {len(hits)} weather points: {listed}.")
+    row = hits[0]
+    return {k: row[k] for k in ("point_id", "location", "lat", "lon", "county_id", "forecast_id", "time_zone")}
 
 
 @read_tool
