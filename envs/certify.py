@@ -9,7 +9,7 @@ from __future__ import annotations
 from envs.answers import cut, spans, states
 from envs.match import ANY
 from envs.mutation import Applied, apply_mutation, apply_ops, revert
-from envs.rescue import rescue_search
+from envs.rescue import MAX_CALLS, rescue_search
 from envs.runtime import EnvInstance, diff_rows
 from envs.spec import SpecError, load_tools
 from envs.verify import Outcome, verify
@@ -38,7 +38,7 @@ def replay(env: EnvironmentSpec, calls: tuple[ToolCall, ...], answer: str) -> Ou
         instance.close()
 
 
-def certify(pair: PairSpec, env: EnvironmentSpec) -> Certification:
+def certify(pair: PairSpec, env: EnvironmentSpec, rescue_budget: int = MAX_CALLS) -> Certification:
     task, mutation = pair.task, pair.mutation
     try:
         applied = apply_mutation(env, mutation)
@@ -49,7 +49,7 @@ def certify(pair: PairSpec, env: EnvironmentSpec) -> Certification:
         _feasible_replay(env, task),
         _verifier_rejects(env, task),
         _blocking_evidence(pair, applied.env),
-        _no_rescue(pair, env, applied.env),
+        _no_rescue(pair, env, applied.env, rescue_budget),
         _revert(env, task, applied),
         _scope(pair, env, applied.env),
         _control(pair, env),
@@ -121,16 +121,16 @@ def _blocking_evidence(pair: PairSpec, mutated: EnvironmentSpec) -> CheckResult:
     return CheckResult(name="blocking_evidence", passed=False, detail=f"no {evidence.tool} observation containing {evidence.contains!r} in {where}")
 
 
-def _no_rescue(pair: PairSpec, env: EnvironmentSpec, mutated: EnvironmentSpec) -> CheckResult:
+def _no_rescue(pair: PairSpec, env: EnvironmentSpec, mutated: EnvironmentSpec, budget: int) -> CheckResult:
     witness = pair.mutation.witness
-    bad = rescue_search(mutated, pair.task, witness)
+    bad = rescue_search(mutated, pair.task, witness, budget)
     if bad.found is not None:
         return CheckResult(name="no_rescue", passed=False, detail=f"rescue route: {bad.found.tool}({bad.found.args}) shows a witness")
     scope = "exhausted" if bad.exhausted else "budget spent"
     detail = f"no witness in {bad.calls} read calls ({scope})"
     if pair.mutation.category in UNRESOLVABLE:
         return CheckResult(name="no_rescue", passed=True, detail=detail)
-    good = rescue_search(env, pair.task, witness)
+    good = rescue_search(env, pair.task, witness, budget)
     if good.found is None:
         return CheckResult(name="no_rescue", passed=False, detail=f"{detail}, but the witness is not found on the feasible side either ({good.calls} calls): it tests nothing")
     return CheckResult(name="no_rescue", passed=True, detail=f"{detail}; feasible side shows it via {good.found.tool} after {good.calls} calls")

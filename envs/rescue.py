@@ -4,8 +4,9 @@ Starting from the values in the instruction and the reference arguments, the
 search calls every read tool with every known value of a fitting kind, adds
 each new value it observes, and repeats until nothing new can be called or the
 call budget is spent. A parameter is fed the values seen under a key of the
-same name, plus the untyped ones (list items, instruction tokens, reference
-arguments); optional parameters are varied one at a time. It reports the first observation containing a witness object.
+same name, then the untyped ones (list items, instruction tokens, reference
+arguments), then those under related keys (any `*_id` for an `*_id`);
+optional parameters are varied one at a time. It reports the first observation containing a witness object.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class _Values:
         if origin is not None:  # Optional[X]
             inner = [a for a in typing.get_args(tp) if a is not type(None)]
             return self.for_param(name, inner[0]) if inner else []
-        pool = self.by_key.get(name, []) + self.untyped
+        related = [k for k in self.by_key if k != name and _related(k, name)]
+        pool = self.by_key.get(name, []) + self.untyped + [v for k in related for v in self.by_key[k]]
         kind = {str: str, int: int, float: (int, float)}.get(tp, str)
         out = []
         for v in pool:
@@ -78,6 +80,13 @@ class _Values:
             elif kind is int and isinstance(v, str) and v.isdigit() and int(v) not in out:
                 out.append(int(v))
         return out
+
+
+def _related(key: str, param: str) -> bool:
+    """`id` feeds `order_id`, `patient_id` feeds `id`, and any `*_id` feeds any `*_id`."""
+    if key.endswith(param) or param.endswith(key):
+        return True
+    return key.endswith("_id") and param.endswith("_id")
 
 
 def seeds(task: TaskSpec) -> _Values:

@@ -22,6 +22,7 @@ from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog, load_en
 from envs.certify import certify
 from envs.mcp_server import serve_stdio, side_environment
 from envs.mutation import apply_mutation
+from envs.rescue import MAX_CALLS
 from envs.runtime import EnvInstance
 from envs.spec import SpecError
 from state.ledger import Ledger
@@ -140,7 +141,7 @@ def envs_certify(args: argparse.Namespace) -> int:
         task = progress.add_task("certifying", total=len(chosen))
         for entry in chosen:
             progress.update(task, description=f"certifying {entry.pair.id}")
-            cert = certify(entry.pair, entry.env)
+            cert = certify(entry.pair, entry.env, args.rescue_budget)
             ledger.record_certification(cert)
             certs.append(cert)
             progress.advance(task)
@@ -149,7 +150,9 @@ def envs_certify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"certifications": [c.model_dump() for c in certs], "problems": problems}, indent=1))
     else:
-        console.print(_cert_table(certs if args.verbose or len(certs) <= 5 else [c for c in certs if not c.passed]))
+        shown = certs if args.verbose or len(certs) <= 5 else [c for c in certs if not c.passed]
+        if shown:
+            console.print(_cert_table(shown))
         if args.all:
             console.print(_summary(chosen, certs))
         for problem in problems:
@@ -208,6 +211,7 @@ def parser() -> argparse.ArgumentParser:
     cert.add_argument("--all", action="store_true")
     cert.add_argument("--json", action="store_true")
     cert.add_argument("-v", "--verbose", action="store_true", help="show every check of every pair")
+    cert.add_argument("--rescue-budget", type=int, default=MAX_CALLS, help=f"read calls per rescue search (default {MAX_CALLS})")
     cert.set_defaults(run=envs_certify)
     serve = envs.add_parser("serve", help="serve one side of a pair as an MCP server on stdio")
     serve.add_argument("pair")
