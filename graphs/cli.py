@@ -195,7 +195,7 @@ def envs_serve(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hera", description="Harness–environment co-evolution for agentic abstention.")
     p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one)")
-    p.add_argument("--ledger", default=None, help="ledger file (default: runs/hera.db)")
+    p.add_argument("--ledger", default=None, help="ledger file (default: $HERA_RUNS/hera.db, else runs/hera.db)")
     top = p.add_subparsers(dest="command", required=True)
     envs = top.add_parser("envs", help="environments and matched pairs").add_subparsers(dest="envs_command", required=True)
     ls = envs.add_parser("list", help="list the catalog's pairs")

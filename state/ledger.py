@@ -7,6 +7,7 @@ system grows). Nothing in it is ever served to an agent.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,12 +16,14 @@ import sqlite_utils
 
 from state.records import Certification
 
-RUNS = Path(__file__).resolve().parent.parent / "runs"
+def runs_dir() -> Path:
+    """Where run output goes: `$HERA_RUNS`, else `runs/` in the working directory."""
+    return Path(os.environ.get("HERA_RUNS", "runs"))
 
 
 class Ledger:
     def __init__(self, path: Path | str | None = None):
-        self.path = Path(path) if path else RUNS / "hera.db"
+        self.path = Path(path) if path else runs_dir() / "hera.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite_utils.Database(sqlite3.connect(self.path, timeout=30, check_same_thread=False))
 
