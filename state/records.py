@@ -268,3 +268,15 @@ class StateDiff(Record):
 
     def tables(self) -> set[str]:
         return {c.table for c in self.changes}
+
+
+class UsageRecord(Record):
+    """One model call's cost, attributed to the role that made it."""
+
+    role: str
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    latency_s: float = 0.0
+    cost_usd: float | None = None
