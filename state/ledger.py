@@ -1,7 +1,9 @@
 """The run ledger: one SQLite file under `runs/`, written through sqlite-utils.
 
-It holds private records (certifications now; episodes and lineage as the
-system grows). Nothing in it is ever served to an agent.
+It holds private records: certifications, graded episodes (the rollout cache,
+keyed by harness hash, environment hash, task, side, model, seed and trial),
+runs, and the abstention judge's cached verdicts. Nothing in it is ever
+served to an agent.
 """
 
 from __future__ import annotations
@@ -9,51 +11,108 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
 import sqlite_utils
 
-from state.records import Certification
+from state.records import Certification, EpisodeRecord, JudgeVerdict
+
 
 def runs_dir() -> Path:
     """Where run output goes: `$HERA_RUNS`, else `runs/` in the working directory."""
     return Path(os.environ.get("HERA_RUNS", "runs"))
 
 
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 class Ledger:
     def __init__(self, path: Path | str | None = None):
         self.path = Path(path) if path else runs_dir() / "hera.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite_utils.Database(sqlite3.connect(self.path, timeout=30, check_same_thread=False))
+        conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        self.db = sqlite_utils.Database(conn)
+        self._lock = threading.Lock()
 
     def record_certification(self, cert: Certification) -> None:
-        self.db["certifications"].upsert(
-            {
-                "pair_id": cert.pair_id,
-                "feasible_hash": cert.feasible_hash,
-                "infeasible_hash": cert.infeasible_hash,
-                "passed": cert.passed,
-                "checks": json.dumps([c.model_dump() for c in cert.checks]),
-                "certified_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            },
-            pk=("pair_id", "feasible_hash", "infeasible_hash"),
-        )
+        with self._lock:
+            self.db["certifications"].upsert(
+                {
+                    "pair_id": cert.pair_id,
+                    "feasible_hash": cert.feasible_hash,
+                    "infeasible_hash": cert.infeasible_hash,
+                    "passed": cert.passed,
+                    "checks": json.dumps([c.model_dump() for c in cert.checks]),
+                    "certified_at": _now(),
+                },
+                pk=("pair_id", "feasible_hash", "infeasible_hash"),
+            )
 
     def certification(self, pair_id: str, feasible_hash: str, infeasible_hash: str) -> Certification | None:
-        if "certifications" not in self.db.table_names():
+        row = self._one("certifications", "pair_id = ? and feasible_hash = ? and infeasible_hash = ?", [pair_id, feasible_hash, infeasible_hash])
+        if row is None:
             return None
-        rows = list(
-            self.db["certifications"].rows_where(
-                "pair_id = ? and feasible_hash = ? and infeasible_hash = ?", [pair_id, feasible_hash, infeasible_hash]
+        return Certification(pair_id=row["pair_id"], feasible_hash=row["feasible_hash"],
+                             infeasible_hash=row["infeasible_hash"], checks=tuple(json.loads(row["checks"])))
+
+    def record_episode(self, run_id: str, record: EpisodeRecord, reused: bool = False) -> None:
+        """Finished episodes are stored once per key; every attempt (or reuse
+        from the cache) is logged, and an infrastructure error never
+        overwrites a finished episode."""
+        row = {"id": record.key.id, "run_id": run_id, "pair_id": record.pair_id, "side": record.key.side,
+               "bundle": record.bundle, "model": record.key.model, "trial": record.key.trial,
+               "status": record.status, "record": record.model_dump_json(), "created_at": _now()}
+        with self._lock:
+            if record.status == "done":
+                self.db["episodes"].insert(row, pk="id", ignore=True)
+            self.db["attempts"].insert(
+                {"episode_id": record.key.id, "run_id": run_id, "pair_id": record.pair_id, "side": record.key.side,
+                 "status": "reused" if reused else record.status, "error": record.error, "created_at": row["created_at"]},
+                alter=True,
             )
-        )
-        if not rows:
+
+    def episode(self, episode_id: str) -> EpisodeRecord | None:
+        row = self._one("episodes", "id = ?", [episode_id])
+        return EpisodeRecord.model_validate_json(row["record"]) if row else None
+
+    def episodes(self, run_id: str | None = None) -> list[EpisodeRecord]:
+        if "episodes" not in self.db.table_names():
+            return []
+        where, args = ("id in (select episode_id from attempts where run_id = ?)", [run_id]) if run_id else (None, None)
+        return [EpisodeRecord.model_validate_json(r["record"]) for r in self.db["episodes"].rows_where(where, args, order_by="rowid")]
+
+    def attempts(self, run_id: str) -> list[dict]:
+        if "attempts" not in self.db.table_names():
+            return []
+        return list(self.db["attempts"].rows_where("run_id = ?", [run_id], select="episode_id, status, error, created_at"))
+
+    def record_run(self, run_id: str, **fields) -> None:
+        with self._lock:
+            self.db["runs"].upsert({"id": run_id, "updated_at": _now(), **{k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in fields.items()}},
+                                   pk="id", alter=True)
+
+    def runs(self) -> list[dict]:
+        if "runs" not in self.db.table_names():
+            return []
+        return list(self.db["runs"].rows_where(order_by="updated_at desc"))
+
+    def run(self, run_id: str) -> dict | None:
+        return self._one("runs", "id = ?", [run_id])
+
+    def judged(self, key: str) -> JudgeVerdict | None:
+        row = self._one("judgements", "id = ?", [key])
+        return JudgeVerdict.model_validate_json(row["verdict"]) if row else None
+
+    def record_judgement(self, key: str, verdict: JudgeVerdict) -> None:
+        with self._lock:
+            self.db["judgements"].upsert({"id": key, "verdict": verdict.model_dump_json(), "created_at": _now()}, pk="id")
+
+    def _one(self, table: str, where: str, args: list) -> dict | None:
+        if table not in self.db.table_names():
             return None
-        row = rows[0]
-        return Certification(
-            pair_id=row["pair_id"],
-            feasible_hash=row["feasible_hash"],
-            infeasible_hash=row["infeasible_hash"],
-            checks=tuple(json.loads(row["checks"])),
-        )
+        rows = list(self.db[table].rows_where(where, args, limit=1))
+        return rows[0] if rows else None

@@ -280,3 +280,51 @@ class UsageRecord(Record):
     cached_tokens: int = 0
     latency_s: float = 0.0
     cost_usd: float | None = None
+
+
+class JudgeVerdict(Record):
+    """The abstention judge's reading of a final response."""
+
+    abstained: bool
+    scope: Literal["none", "part", "all"]
+    quote: str
+    reason: str
+
+
+class Grade(Record):
+    side: Side
+    success: bool
+    abstained: bool
+    committed: bool
+    grounded: bool
+    quote: str = ""
+    failures: tuple[str, ...] = ()
+
+
+class EpisodeKey(Record):
+    harness_hash: str
+    env_hash: str
+    task_id: str
+    side: Side
+    model: str
+    seed: int
+    trial: int
+
+    @property
+    def id(self) -> str:
+        return content_hash(self.model_dump())
+
+
+class EpisodeRecord(Record):
+    key: EpisodeKey
+    pair_id: str
+    bundle: str
+    status: Literal["done", "infrastructure_error"]
+    termination: str = ""
+    answer: str = ""
+    messages: tuple[dict, ...] = ()
+    observations: tuple[Observation, ...] = ()
+    usage: tuple[UsageRecord, ...] = ()
+    error: str = ""
+    grade: Grade | None = None
+    latency_s: float = 0.0

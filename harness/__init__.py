@@ -1,0 +1,1 @@
+"""Harness bundles: format, hook ABI, loader and the baseline bundles."""

@@ -1,0 +1,91 @@
+"""The hook ABI a harness bundle implements (DESIGN.md §4).
+
+A bundle's `hooks.py` defines `class Harness(BaseHarness)` and overrides any
+of the hooks below. The runtime calls, per episode:
+
+    initialize -> compose_instructions ->
+    [prepare_turn -> model turn -> before_tool_call -> tool -> after_tool_result]* ->
+    finalize
+
+A harness sees only public things: the instruction, the public context of
+the environment (its description and policy), the public tool schemas and
+the observations. Hooks may be plain or `async` functions; `view.ask` lets a
+hook put one structured question to the episode's model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from string import Template
+from typing import Any, Awaitable, Callable, Literal
+
+from langchain_core.messages import BaseMessage
+from pydantic import BaseModel
+
+from state.records import Observation, Record, ToolInfo
+
+
+class HarnessConfig(Record):
+    max_turns: int = 30
+    max_output_tokens: int = 8192
+    temperature: float = 0.0
+
+
+class ToolRequest(Record):
+    id: str
+    name: str
+    args: dict[str, Any]
+
+
+class Decision(Record):
+    """`allow` runs the call; `block` skips it and shows `message` as its
+    result; `replan` skips it and ends the turn with `message` to the model."""
+
+    action: Literal["allow", "block", "replan"] = "allow"
+    message: str = ""
+
+
+class Final(Record):
+    """`accept` the model's answer; `replace` it with `text`; `abstain` with
+    `text` as the refusal; `revise`: send `text` to the model and go on."""
+
+    action: Literal["accept", "replace", "abstain", "revise"] = "accept"
+    text: str = ""
+
+
+@dataclass
+class EpisodeView:
+    instruction: str
+    context: str
+    tools: list[ToolInfo]
+    config: HarnessConfig
+    prompts: dict[str, str]
+    skills: dict[str, str]
+    observations: list[Observation] = field(default_factory=list)
+    memory: dict[str, Any] = field(default_factory=dict)
+    ask: Callable[[list[BaseMessage], type[BaseModel]], Awaitable[BaseModel]] | None = None
+
+
+class BaseHarness:
+    """Defaults: a plain tool-calling agent. Bundles override what they need."""
+
+    def initialize(self, view: EpisodeView) -> None:
+        return None
+
+    def compose_instructions(self, view: EpisodeView) -> str:
+        return Template(view.prompts["system"]).substitute(context=view.context).strip()
+
+    def prepare_turn(self, view: EpisodeView, messages: list[BaseMessage]) -> list[BaseMessage]:
+        return messages
+
+    def before_tool_call(self, view: EpisodeView, call: ToolRequest) -> Decision:
+        return Decision()
+
+    def after_tool_result(self, view: EpisodeView, call: ToolRequest, observation: Observation) -> str | None:
+        return None
+
+    def finalize(self, view: EpisodeView, answer: str) -> Final:
+        return Final()
+
+
+HOOKS = ("initialize", "compose_instructions", "prepare_turn", "before_tool_call", "after_tool_result", "finalize")

@@ -1,0 +1,7 @@
+"""H0: the runtime's defaults, unchanged."""
+
+from harness.abi import BaseHarness
+
+
+class Harness(BaseHarness):
+    pass

@@ -1,0 +1,83 @@
+"""Bundle checks: load a bundle and drive every hook once on a synthetic
+episode, in a sandboxed subprocess, so a broken hook is rejected before any
+episode runs.
+
+    python -m harness.check BUNDLE_DIR      (prints a JSON list of problems)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from langchain_core.messages import BaseMessage, HumanMessage
+
+from envs.spec import SpecError
+from harness.abi import Decision, EpisodeView, Final, ToolRequest
+from harness.bundle import load_bundle, resolve_bundle
+from harness.sandbox import run_sandboxed
+from state.records import Observation, ToolInfo
+
+_TOOL = ToolInfo(name="lookup", description="Looks a record up.", input_schema={"type": "object", "properties": {"id": {"type": "string"}}}, read_only=True)
+
+
+async def _call(fn, *args):
+    result = fn(*args)
+    return await result if inspect.isawaitable(result) else result
+
+
+async def drive(bundle_dir: str) -> list[str]:
+    """Run each hook once and check what it returns; the problems found."""
+    try:
+        bundle = load_bundle(bundle_dir)
+    except SpecError as exc:
+        return [str(exc)]
+    harness = bundle.harness()
+    view = EpisodeView(instruction="Look up record R-1.", context="A test environment.", tools=[_TOOL],
+                       config=bundle.config, prompts=bundle.prompts, skills=bundle.skills)
+    call = ToolRequest(id="call_1", name="lookup", args={"id": "R-1"})
+    obs = Observation(tool="lookup", args={"id": "R-1"}, ok=True, output={"id": "R-1"})
+    checks = [
+        ("initialize", (view,), type(None)),
+        ("compose_instructions", (view,), str),
+        ("prepare_turn", (view, [HumanMessage("Look up record R-1.")]), list),
+        ("before_tool_call", (view, call), Decision),
+        ("after_tool_result", (view, call, obs), (str, type(None))),
+        ("finalize", (view, "Record R-1 exists."), Final),
+    ]
+    problems = []
+    for hook, args, expected in checks:
+        where = f"{bundle.path / 'hooks.py'}: Harness.{hook}"
+        try:
+            result = await _call(getattr(harness, hook), *args)
+        except Exception as exc:  # the hook's own failure is what this check reports
+            problems.append(f"{where}: raised {type(exc).__name__}: {exc}")
+            continue
+        if not isinstance(result, expected):
+            problems.append(f"{where}: returned {type(result).__name__}, expected {getattr(expected, '__name__', expected)}")
+        elif hook == "prepare_turn" and not all(isinstance(m, BaseMessage) for m in result):
+            problems.append(f"{where}: returned a list that is not all messages")
+    return problems
+
+
+def check_bundle(name: str | Path, timeout_s: float = 60) -> list[str]:
+    """Problems with a bundle, found by driving its hooks in the sandbox."""
+    path = resolve_bundle(name).resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            done = run_sandboxed(["-m", "harness.check", str(path)], timeout_s=timeout_s, cwd=Path(tmp))
+        except subprocess.TimeoutExpired:
+            return [f"{path}: hooks did not finish within {timeout_s:.0f}s"]
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return [f"{path}: the bundle check crashed (exit {done.returncode}): {done.stderr.strip()[-500:]}"]
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(drive(sys.argv[1]))))

@@ -1,0 +1,27 @@
+"""Run settings every graph reads through `runtime.context`: JSON-plain, no clients."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from state.records import Record
+
+
+@dataclass(frozen=True)
+class Context:
+    agent_model: str = "local"
+    judge_model: str = "local"
+    catalog: str = ""
+    ledger: str | None = None
+    max_infra_retries: int = 2
+    model_timeout_s: float = 300.0
+
+
+class EpisodeRequest(Record):
+    """One harness on one side of one pair: the rollout-cache key without the hashes."""
+
+    pair_id: str
+    side: str
+    bundle: str
+    seed: int = 0
+    trial: int = 0

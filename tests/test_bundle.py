@@ -1,0 +1,93 @@
+"""Harness bundles: the baselines load and pass their checks; a broken hook is rejected clearly."""
+
+import shutil
+
+import pytest
+
+from envs.spec import SpecError
+from harness.bundle import BUNDLES, load_bundle
+from harness.check import check_bundle
+
+
+def copy(tmp_path, name="H0"):
+    target = tmp_path / name
+    shutil.copytree(BUNDLES / name, target)
+    return target
+
+
+def test_baselines_load_and_check():
+    h0, prompt = load_bundle("H0"), load_bundle("H0-abstain-prompt")
+    assert (h0.config.max_turns, h0.config.max_output_tokens) == (30, 8192)
+    assert prompt.manifest.parent_id == "H0" and h0.hash != prompt.hash
+    assert "cannot be completed" in prompt.prompts["system"] and "cannot be completed" not in h0.prompts["system"]
+    assert check_bundle("H0") == [] and check_bundle("H0-abstain-prompt") == []
+
+
+def test_hash_covers_every_file(tmp_path):
+    bundle = copy(tmp_path)
+    before = load_bundle(bundle).hash
+    (bundle / "skills").mkdir()
+    (bundle / "skills" / "note.md").write_text("Check the policy first.")
+    assert load_bundle(bundle).hash != before
+
+
+def test_hook_that_raises_is_rejected(tmp_path):
+    bundle = copy(tmp_path)
+    (bundle / "hooks.py").write_text(
+        "from harness.abi import BaseHarness\n\n"
+        "class Harness(BaseHarness):\n"
+        "    def finalize(self, view, answer):\n"
+        "        return answer.missing_attribute\n"
+    )
+    problems = check_bundle(bundle)
+    assert len(problems) == 1
+    assert "hooks.py: Harness.finalize: raised AttributeError" in problems[0]
+
+
+def test_hook_with_wrong_return_type_is_rejected(tmp_path):
+    bundle = copy(tmp_path)
+    (bundle / "hooks.py").write_text(
+        "from harness.abi import BaseHarness\n\n"
+        "class Harness(BaseHarness):\n"
+        "    def before_tool_call(self, view, call):\n"
+        "        return 'allow'\n"
+    )
+    assert check_bundle(bundle) == [f"{bundle.resolve() / 'hooks.py'}: Harness.before_tool_call: returned str, expected Decision"]
+
+
+def test_hook_with_wrong_signature_is_rejected(tmp_path):
+    bundle = copy(tmp_path)
+    (bundle / "hooks.py").write_text(
+        "from harness.abi import BaseHarness\n\n"
+        "class Harness(BaseHarness):\n"
+        "    def after_tool_result(self, view, observation):\n"
+        "        return None\n"
+    )
+    with pytest.raises(SpecError) as info:
+        load_bundle(bundle)
+    assert info.value.field == "Harness.after_tool_result"
+    assert "parameters (self, view, call, observation)" in info.value.expected
+
+
+def test_hook_that_eats_memory_is_stopped(tmp_path):
+    bundle = copy(tmp_path)
+    (bundle / "hooks.py").write_text(
+        "from harness.abi import BaseHarness\n\n"
+        "class Harness(BaseHarness):\n"
+        "    def initialize(self, view):\n"
+        "        view.memory['x'] = bytearray(4 << 30)\n"
+    )
+    assert "raised MemoryError" in check_bundle(bundle)[0]
+
+
+def test_bad_config_and_missing_prompt(tmp_path):
+    bundle = copy(tmp_path)
+    (bundle / "config.yaml").write_text("max_turns: many\n")
+    with pytest.raises(SpecError) as info:
+        load_bundle(bundle)
+    assert (info.value.path.endswith("config.yaml"), info.value.field) == (True, "max_turns")
+    (bundle / "config.yaml").write_text("max_turns: 30\n")
+    (bundle / "prompts" / "system.md").write_text("Hello $name\n")
+    with pytest.raises(SpecError) as info:
+        load_bundle(bundle)
+    assert info.value.field == "(template)"
