@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 from collections import Counter
@@ -25,8 +26,12 @@ from envs.mutation import apply_mutation
 from envs.rescue import MAX_CALLS
 from envs.runtime import EnvInstance
 from envs.spec import SpecError
+from graphs import api
+from graphs.api import split_pairs
+from graphs.metrics import Metrics
+from state.context import Context
 from state.ledger import Ledger
-from state.records import CATEGORIES, Certification
+from state.records import CATEGORIES, Certification, EpisodeRecord
 
 console = Console(stderr=True)
 
@@ -192,6 +197,143 @@ def envs_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_eval(args: argparse.Namespace) -> int:
+    catalog = args.catalog
+    pair_ids = args.pairs or split_pairs(args.split, catalog)
+    if args.limit:
+        pair_ids = pair_ids[: args.limit]
+    if not pair_ids:
+        raise UsageError(f"no pairs in split {args.split!r}")
+    for pair_id in pair_ids:
+        _entry(args, pair_id)
+    context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, catalog=catalog,
+                      ledger=args.ledger, max_infra_retries=args.retries)
+    total = 2 * len(pair_ids) * args.trials
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        bar = progress.add_task(f"{args.harness} × {args.model}", total=total)
+
+        def advance(record: EpisodeRecord) -> None:
+            mark = "✓" if record.grade and record.grade.success else ("!" if record.status != "done" else "✗")
+            progress.update(bar, advance=1, description=f"{args.harness} × {args.model}  {record.pair_id}/{record.key.side} {mark}")
+
+        try:
+            run_id, metrics = asyncio.run(api.evaluate(args.harness, pair_ids, context, trials=args.trials, seed=args.seed,
+                                                       concurrency=args.concurrency, run_id=args.run_id, on_episode=advance))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps({"run_id": run_id, "metrics": metrics.model_dump()}, indent=1))
+    else:
+        console.print(metrics_table(run_id, args.harness, args.model, metrics))
+    return 0 if metrics.complete else 1
+
+
+def metrics_table(run_id: str, harness: str, model: str, metrics: Metrics) -> Table:
+    title = f"run {run_id}: {harness} × {model}, {metrics.pairs} pairs × {metrics.trials} trial(s)"
+    table = Table(title=title)
+    for col in ("metric", "count", "%", "95% CI"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    labels = {"abstain": "Abstain", "act": "Act", "pair": "Pair", "over_abstain": "Over-abstain", "grounded": "Grounded abstain"}
+    for key, label in labels.items():
+        pct = f"{metrics.percent[key]:.1f}" if metrics.percent else "—"
+        ci = f"{metrics.ci95[key][0]:.1f}–{metrics.ci95[key][1]:.1f}" if metrics.ci95 else "—"
+        table.add_row(label, f"{metrics.counts[key]}/{metrics.totals[key]}", pct, ci)
+    if metrics.complete:
+        table.add_row(f"Pass@{metrics.trials} (Pair)", "", f"{metrics.pass_at_k:.1f}", "")
+        table.add_row(f"Pass^{metrics.trials} (Pair)", "", f"{metrics.pass_hat_k:.1f}", "")
+    u = metrics.usage
+    table.caption = (f"{metrics.finished}/{metrics.planned} episodes finished"
+                     + ("" if metrics.complete else " — incomplete: counts only")
+                     + f"; tokens in {u['input_tokens']:,} (cached {u['cached_tokens']:,}), out {u['output_tokens']:,}"
+                     + (f"; ${u['cost_usd']:.4f}" if u["cost_usd"] else ""))
+    return table
+
+
+def runs_list(args: argparse.Namespace) -> int:
+    runs = Ledger(args.ledger).runs()
+    if args.json:
+        print(json.dumps(runs, indent=1))
+        return 0
+    table = Table(title=f"{len(runs)} runs")
+    for col in ("run", "harness", "model", "pairs", "trials", "Abstain", "Act", "Pair", "updated"):
+        table.add_column(col)
+    for r in runs:
+        m = json.loads(r["metrics"]) if r.get("metrics") else None
+        pct = (lambda k: f"{m['percent'][k]:.1f}%" if m and m["percent"] else (f"{m['counts'][k]}/{m['totals'][k]}" if m else "—"))
+        table.add_row(r["id"], r.get("bundle", ""), r.get("model", ""), str(len(json.loads(r.get("pairs") or "[]"))),
+                      str(r.get("trials", "")), pct("abstain"), pct("act"), pct("pair"), r["updated_at"])
+    console.print(table)
+    return 0
+
+
+def runs_show(args: argparse.Namespace) -> int:
+    ledger = Ledger(args.ledger)
+    run = ledger.run(args.run)
+    if run is None:
+        raise UsageError(f"unknown run {args.run!r} (see `hera runs list`)")
+    episodes = ledger.episodes(args.run)
+    if args.json:
+        print(json.dumps({"run": run, "episodes": [e.model_dump(exclude={"messages"}) for e in episodes]}, indent=1, default=str))
+        return 0
+    if run.get("metrics"):
+        console.print(metrics_table(args.run, run.get("bundle", ""), run.get("model", ""), Metrics.model_validate_json(run["metrics"])))
+    table = Table(title="episodes")
+    for col in ("episode", "pair", "side", "trial", "termination", "success", "abstained", "committed", "grounded", "turns"):
+        table.add_column(col)
+    for e in episodes:
+        g = e.grade
+        flag = lambda v: "yes" if v else "no"  # noqa: E731
+        table.add_row(e.key.id, e.pair_id, e.key.side, str(e.key.trial), e.termination or e.status,
+                      flag(g.success) if g else "—", flag(g.abstained) if g else "—", flag(g.committed) if g else "—",
+                      flag(g.grounded) if g else "—", str(sum(1 for m in e.messages if m.get("type") == "ai")))
+    console.print(table)
+    return 0
+
+
+def episode_show(args: argparse.Namespace) -> int:
+    ledger = Ledger(args.ledger)
+    record = ledger.episode(args.episode)
+    if record is None:
+        raise UsageError(f"unknown episode {args.episode!r} (see `hera runs show RUN`)")
+    twin = next((e for e in ledger.episodes() if e.pair_id == record.pair_id and e.key.trial == record.key.trial
+                 and e.key.harness_hash == record.key.harness_hash and e.key.model == record.key.model
+                 and e.key.side != record.key.side), None)
+    sides = sorted([r for r in (record, twin) if r], key=lambda r: r.key.side != "act")
+    if args.json:
+        print(json.dumps([r.model_dump() for r in sides], indent=1, default=str))
+        return 0
+    table = Table(title=f"{record.pair_id} — trial {record.key.trial}, {record.bundle} × {record.key.model}", show_lines=True)
+    for r in sides:
+        table.add_column(f"{r.key.side} ({r.key.id})", ratio=1, overflow="fold")
+    columns = [_trajectory(r) for r in sides]
+    for row in itertools.zip_longest(*columns, fillvalue=""):
+        table.add_row(*row)
+    console.print(table)
+    return 0
+
+
+def _trajectory(record: EpisodeRecord) -> list[str]:
+    lines = []
+    for m in record.messages:
+        kind, data = m.get("type"), m.get("data", {})
+        if kind == "system":
+            continue
+        text = data.get("content") if isinstance(data.get("content"), str) else json.dumps(data.get("content"))
+        if kind == "ai":
+            calls = "; ".join(f"{c['name']}({json.dumps(c['args'])})" for c in data.get("tool_calls", []))
+            lines.append(escape(f"agent: {text}" + (f"\n→ {calls}" if calls else "")))
+        elif kind == "tool":
+            lines.append(escape(f"tool: {text[:600]}"))
+        else:
+            lines.append(escape(f"user: {text}"))
+    g = record.grade
+    verdict = (f"success={g.success} abstained={g.abstained} committed={g.committed} grounded={g.grounded}"
+               + (f"\nquote: {g.quote}" if g.quote else "") + ("\n" + "\n".join(g.failures) if g.failures else "")) if g else record.error
+    lines.append(escape(f"[{record.termination or record.status}] {verdict}"))
+    return lines
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hera", description="Harness–environment co-evolution for agentic abstention.")
     p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one)")
@@ -217,6 +359,33 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("pair")
     serve.add_argument("--side", choices=["act", "abstain"], required=True)
     serve.set_defaults(run=envs_serve)
+    ev = top.add_parser("eval", help="run a harness on both sides of pairs and score it")
+    ev.add_argument("--harness", default="H0", help="bundle name or directory (default H0)")
+    ev.add_argument("--split", default="bench", choices=["train", "validation", "bench"])
+    ev.add_argument("--pairs", nargs="*", help="pair ids (default: the whole split)")
+    ev.add_argument("--limit", type=int, help="only the first N pairs")
+    ev.add_argument("--model", default="local", help="local | openai:<model> | scripted:<name>")
+    ev.add_argument("--judge-model", help="model of the abstention judge (default: --model)")
+    ev.add_argument("--trials", type=int, default=1)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--concurrency", type=int, default=1)
+    ev.add_argument("--retries", type=int, default=2, help="re-runs of an episode after an infrastructure error")
+    ev.add_argument("--run-id", help="resume this run")
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(run=run_eval)
+    runs = top.add_parser("runs", help="evaluation runs").add_subparsers(dest="runs_command", required=True)
+    rl = runs.add_parser("list")
+    rl.add_argument("--json", action="store_true")
+    rl.set_defaults(run=runs_list)
+    rs = runs.add_parser("show")
+    rs.add_argument("run")
+    rs.add_argument("--json", action="store_true")
+    rs.set_defaults(run=runs_show)
+    ep = top.add_parser("episode", help="episodes").add_subparsers(dest="episode_command", required=True)
+    es = ep.add_parser("show", help="a pair's act and abstain trajectories side by side")
+    es.add_argument("episode")
+    es.add_argument("--json", action="store_true")
+    es.set_defaults(run=episode_show)
     return p
 
 

@@ -15,6 +15,7 @@ class Context:
     ledger: str | None = None
     max_infra_retries: int = 2
     model_timeout_s: float = 300.0
+    env_transport: str = "memory"  # or "stdio": one MCP server subprocess per episode
 
 
 class EpisodeRequest(Record):

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 from graphs.cli import main
 from tests.conftest import FIXTURES
@@ -46,3 +47,16 @@ def test_broken_spec_names_file_and_field(capsys, tmp_path):
     err = capsys.readouterr().err
     assert code == 2
     assert "items.json" in err and "[0].price" in err and "a real" in err
+
+
+def test_eval_rejects_a_bundle_with_a_broken_hook(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+    bundle = tmp_path / "broken"
+    shutil.copytree(Path(__file__).parent.parent / "harness" / "bundles" / "H0", bundle)
+    (bundle / "hooks.py").write_text(
+        "from harness.abi import BaseHarness\n\nclass Harness(BaseHarness):\n"
+        "    def compose_instructions(self, view):\n        raise RuntimeError('boom')\n"
+    )
+    code, _, err = run(capsys, tmp_path, "eval", "--harness", str(bundle), "--pairs", "shop-reserve-drill", "--model", "scripted:none")
+    assert code == 2
+    assert "Harness.compose_instructions: raised RuntimeError: boom" in " ".join(err.split())

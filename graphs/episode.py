@@ -1,0 +1,244 @@
+"""The `episode` graph: one harness bundle on one side of one pair.
+
+`setup` lists the tools of the episode's MCP session (a fresh instance of
+the pair's side), loads the bundle and lets its hooks compose the
+instructions; `agent` runs one model turn through
+`prepare_turn`; `tools` runs the requested calls through `before_tool_call`
+and `after_tool_result`; `finalizer` asks `finalize` whether to accept,
+replace, abstain or revise. The MCP session and the harness object live
+outside the checkpointed state, in `LIVE`, for the life of the episode;
+`run_episode` opens and always closes the session. Nothing private about the pair
+(acceptance rules, mutation, label) reaches the harness or the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import operator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, AsyncIterator, Literal
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.shared.memory import create_connected_server_and_client_session
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+from typing_extensions import TypedDict
+
+from envs.catalog import CATALOG, load_entry
+from envs.mcp_server import build_server, connection, side_environment
+from harness.abi import BaseHarness, EpisodeView, ToolRequest
+from harness.bundle import load_bundle
+from roles.models import ChatModel, InfrastructureError, chat_model
+from state.context import Context, EpisodeRequest
+from state.records import Observation, ToolInfo, UsageRecord
+
+Termination = Literal["final_answer", "turn_limit", "infrastructure_error"]
+
+
+@dataclass
+class Live:
+    """What an episode holds open between nodes: the MCP session opened by
+    `run_episode`, and the harness, view and model made by `setup`."""
+
+    session: ClientSession
+    harness: BaseHarness | None = None
+    view: EpisodeView | None = None
+    model: ChatModel | None = None
+    read_only: dict[str, bool] = field(default_factory=dict)
+
+
+LIVE: dict[str, Live] = {}
+
+
+class EpisodeInput(TypedDict):
+    request: EpisodeRequest
+    episode_id: str
+
+
+class EpisodeOutput(TypedDict, total=False):
+    messages: list[BaseMessage]
+    observations: list[Observation]
+    usage: list[UsageRecord]
+    answer: str
+    termination: Termination
+    error: str
+    harness_hash: str
+    turns: int
+
+
+class EpisodeState(EpisodeInput, EpisodeOutput, total=False):
+    messages: Annotated[list[BaseMessage], operator.add]
+    observations: Annotated[list[Observation], operator.add]
+    usage: Annotated[list[UsageRecord], operator.add]
+
+
+async def _hook(fn, *args):
+    result = fn(*args)
+    return await result if inspect.isawaitable(result) else result
+
+
+def public_context(entry) -> str:
+    parts = [entry.env.description, entry.pair.task.system_prompt]
+    if entry.env.policy:
+        parts.append("Policy:\n" + entry.env.policy)
+    return "\n\n".join(p.strip() for p in parts if p and p.strip())
+
+
+async def setup(state: EpisodeState, runtime: Runtime[Context]) -> dict:
+    """Opens the episode's environment and harness; writes `messages`, `turns`, `harness_hash`."""
+    request, ctx = state["request"], runtime.context
+    entry = await asyncio.to_thread(load_entry, request.pair_id, ctx.catalog or str(CATALOG))
+    bundle = await asyncio.to_thread(load_bundle, request.bundle)
+    live = LIVE[state["episode_id"]]
+    listed = (await live.session.list_tools()).tools
+    tools = [
+        ToolInfo(name=t.name, description=t.description or "", input_schema=t.inputSchema,
+                 read_only=bool(t.annotations and t.annotations.readOnlyHint))
+        for t in listed
+    ]
+    model = chat_model(ctx.agent_model, role="agent", timeout_s=ctx.model_timeout_s)
+
+    async def ask(messages, schema):
+        answer, usage = await model.structured(messages, schema)
+        return answer
+
+    view = EpisodeView(instruction=entry.pair.task.instruction.strip(), context=public_context(entry), tools=tools,
+                       config=bundle.config, prompts=bundle.prompts, skills=bundle.skills, ask=ask)
+    harness = bundle.harness()
+    live.harness, live.view, live.model = harness, view, model
+    live.read_only = {t.name: t.read_only for t in tools}
+    await _hook(harness.initialize, view)
+    system = await _hook(harness.compose_instructions, view)
+    return {"messages": [SystemMessage(system), HumanMessage(view.instruction)], "turns": 0, "harness_hash": bundle.hash}
+
+
+async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["tools", "finalizer", "__end__"]]:
+    """One model turn; routes to `tools` on tool calls, else to `finalizer`; writes `messages`, `usage`, `turns`."""
+    live = LIVE[state["episode_id"]]
+    messages = await _hook(live.harness.prepare_turn, live.view, list(state["messages"]))
+    try:
+        done = await live.model.complete(messages, live.view.tools, max_tokens=live.view.config.max_output_tokens)
+    except InfrastructureError as exc:
+        return Command(goto=END, update={"termination": "infrastructure_error", "error": f"{exc.kind}: {exc}"})
+    turns = state["turns"] + 1
+    update = {"messages": [done.message], "usage": [done.usage], "turns": turns}
+    if done.message.tool_calls:
+        if turns >= live.view.config.max_turns:
+            return Command(goto=END, update={**update, "termination": "turn_limit", "answer": ""})
+        return Command(goto="tools", update=update)
+    return Command(goto="finalizer", update=update)
+
+
+async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent"]]:
+    """Runs the last turn's tool calls through the harness; writes `messages`, `observations`."""
+    live = LIVE[state["episode_id"]]
+    last: AIMessage = state["messages"][-1]
+    replies: list[BaseMessage] = []
+    observations: list[Observation] = []
+    replan: str | None = None
+    for call in last.tool_calls:
+        request = ToolRequest(id=call["id"], name=call["name"], args=call.get("args") or {})
+        if replan is not None:
+            replies.append(ToolMessage("Not run.", tool_call_id=request.id))
+            continue
+        decision = await _hook(live.harness.before_tool_call, live.view, request)
+        if decision.action != "allow":
+            replies.append(ToolMessage(decision.message or "Blocked by the harness.", tool_call_id=request.id))
+            if decision.action == "replan":
+                replan = decision.message
+            continue
+        obs = await _call_tool(live, request)
+        observations.append(obs)
+        live.view.observations.append(obs)
+        guidance = await _hook(live.harness.after_tool_result, live.view, request, obs)
+        replies.append(ToolMessage(obs.text + (f"\n\n{guidance}" if guidance else ""), tool_call_id=request.id))
+    if replan:
+        replies.append(HumanMessage(replan))
+    return Command(goto="agent", update={"messages": replies, "observations": observations})
+
+
+async def _call_tool(live: Live, request: ToolRequest) -> Observation:
+    result = await live.session.call_tool(request.name, request.args)
+    text = "".join(getattr(c, "text", "") for c in result.content)
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError:
+        payload = text
+    read_only = live.read_only.get(request.name, True)
+    if result.isError:
+        error = payload.get("error", {}) if isinstance(payload, dict) else {}
+        return Observation(tool=request.name, args=request.args, ok=False, error_code=error.get("code", "error"),
+                           message=error.get("message", text), read_only=read_only)
+    return Observation(tool=request.name, args=request.args, ok=True, output=payload, read_only=read_only)
+
+
+async def finalizer(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "__end__"]]:
+    """Lets the harness accept, replace, abstain on or revise the answer; writes `answer`, `termination`."""
+    live = LIVE[state["episode_id"]]
+    answer = _text(state["messages"][-1])
+    final = await _hook(live.harness.finalize, live.view, answer)
+    if final.action == "revise" and state["turns"] < live.view.config.max_turns:
+        return Command(goto="agent", update={"messages": [HumanMessage(final.text)]})
+    if final.action in ("replace", "abstain"):
+        answer = final.text
+    return Command(goto=END, update={"answer": answer, "termination": "final_answer"})
+
+
+def _text(message: BaseMessage) -> str:
+    content = message.content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") if isinstance(part, dict) else str(part) for part in content)
+    return str(content)
+
+
+def build_episode() -> StateGraph:
+    builder = StateGraph(EpisodeState, context_schema=Context, input_schema=EpisodeInput, output_schema=EpisodeOutput)
+    builder.add_node(setup)
+    builder.add_node(agent)
+    builder.add_node(tools)
+    builder.add_node(finalizer)
+    builder.add_edge(START, "setup")
+    builder.add_edge("setup", "agent")
+    return builder
+
+
+builder = build_episode()
+graph = builder.compile(name="episode")
+
+
+@asynccontextmanager
+async def environment_session(pair_id: str, side: str, catalog: str, transport: str) -> AsyncIterator[ClientSession]:
+    """An MCP client session on a fresh instance of one side of a pair: a
+    server in this process over memory streams, or a server subprocess over stdio."""
+    if transport == "memory":
+        server = build_server(await asyncio.to_thread(side_environment, pair_id, side, catalog))
+        async with create_connected_server_and_client_session(server) as session:
+            yield session
+        return
+    conn = connection(pair_id, side, catalog)
+    params = StdioServerParameters(command=conn["command"], args=conn["args"], cwd=conn["cwd"])
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+async def run_episode(request: EpisodeRequest, context: Context, episode_id: str) -> dict:
+    """Runs one episode to the end. The MCP session is opened and closed here,
+    in one task, around the graph run."""
+    catalog = context.catalog or str(CATALOG)
+    async with environment_session(request.pair_id, request.side, catalog, context.env_transport) as session:
+        LIVE[episode_id] = Live(session=session)
+        try:
+            return await graph.ainvoke(
+                {"request": request, "episode_id": episode_id},
+                context=context,
+                config={"recursion_limit": 4 * 64 + 10},
+            )
+        finally:
+            del LIVE[episode_id]

@@ -1,0 +1,156 @@
+"""The `evaluate` graph: a harness on both sides of pairs, graded and scored.
+
+`planner` checks the bundle in the sandbox and the pairs; `fan_out_episodes`
+sends one `EpisodeTask` per pair × side × trial to `episode_worker`, which
+reuses a finished episode from the rollout cache (the ledger) or runs, grades
+and stores it, re-running infrastructure errors; `scorer` computes the
+metrics. Concurrency is bounded by the caller's `max_concurrency`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from typing import Annotated
+
+from langchain_core.messages import messages_to_dict
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import Send
+from typing_extensions import TypedDict
+
+from envs.catalog import CATALOG, load_entry
+from envs.grading import ReplayMismatch, deterministic_grade, side_env
+from graphs.episode import run_episode
+from graphs.metrics import Metrics, score
+from harness.bundle import load_bundle
+from harness.check import check_bundle
+from roles.abstention_judge import abstention_judge
+from roles.models import InfrastructureError
+from state.context import Context, EpisodeRequest
+from state.ledger import Ledger
+from state.records import EpisodeKey, EpisodeRecord, Grade
+
+
+def merge(left: dict, right: dict) -> dict:
+    return {**left, **right}
+
+
+class EvaluateInput(TypedDict):
+    run_id: str
+    bundle: str
+    pair_ids: list[str]
+    trials: int
+    seed: int
+
+
+class EvaluateOutput(TypedDict, total=False):
+    results: dict[str, EpisodeRecord]
+    metrics: Metrics
+
+
+class EvaluateState(EvaluateInput, EvaluateOutput, total=False):
+    results: Annotated[dict[str, EpisodeRecord], merge]
+
+
+class EpisodeTask(TypedDict):
+    run_id: str
+    request: EpisodeRequest
+
+
+async def planner(state: EvaluateState, runtime: Runtime[Context]) -> dict:
+    """Rejects a bundle whose hooks fail the sandboxed check, or unknown pairs; records the run."""
+    problems = await asyncio.to_thread(check_bundle, state["bundle"])
+    if problems:
+        raise ValueError("the bundle fails its checks: " + "; ".join(problems))
+    catalog = runtime.context.catalog or str(CATALOG)
+    for pair_id in state["pair_ids"]:
+        await asyncio.to_thread(load_entry, pair_id, catalog)
+    bundle = load_bundle(state["bundle"])
+    await asyncio.to_thread(
+        Ledger(runtime.context.ledger).record_run, state["run_id"], bundle=bundle.id, harness_hash=bundle.hash,
+        model=runtime.context.agent_model, judge=runtime.context.judge_model, pairs=state["pair_ids"], trials=state["trials"],
+    )
+    return {}
+
+
+def fan_out_episodes(state: EvaluateState) -> list[Send]:
+    return [
+        Send("episode_worker", EpisodeTask(run_id=state["run_id"], request=EpisodeRequest(
+            pair_id=p, side=side, bundle=state["bundle"], seed=state["seed"], trial=t)))
+        for p in state["pair_ids"] for t in range(state["trials"]) for side in ("act", "abstain")
+    ]
+
+
+async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
+    """Reuses or runs, grades and stores one episode; writes `results`."""
+    ctx, request = runtime.context, task["request"]
+    ledger = Ledger(ctx.ledger)
+    entry = await asyncio.to_thread(load_entry, request.pair_id, ctx.catalog or str(CATALOG))
+    key = EpisodeKey(harness_hash=load_bundle(request.bundle).hash, env_hash=side_env(entry, request.side).hash,
+                     task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial)
+    cached = await asyncio.to_thread(ledger.episode, key.id)
+    if cached is not None:
+        await asyncio.to_thread(ledger.record_episode, task["run_id"], cached, True)
+        return {"results": {key.id: cached}}
+    for attempt in range(ctx.max_infra_retries + 1):
+        record = await _attempt(entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
+        await asyncio.to_thread(ledger.record_episode, task["run_id"], record)
+        if record.status == "done":
+            break
+    return {"results": {key.id: record}}
+
+
+async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger, episode_id: str) -> EpisodeRecord:
+    base = {"key": key, "pair_id": request.pair_id, "bundle": request.bundle}
+    start = time.perf_counter()
+    try:
+        out = await run_episode(request, ctx, episode_id)
+    except Exception as exc:  # endpoint, MCP server or sandbox failure: recorded and re-run, never scored
+        return EpisodeRecord(**base, status="infrastructure_error", error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+    trajectory = {
+        "termination": out.get("termination", ""),
+        "answer": out.get("answer", ""),
+        "messages": tuple(messages_to_dict(out.get("messages", []))),
+        "observations": tuple(out.get("observations", [])),
+        "latency_s": time.perf_counter() - start,
+    }
+    usage = list(out.get("usage", []))
+    if out.get("termination") == "infrastructure_error":
+        return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=out.get("error", ""))
+    try:
+        facts = await asyncio.to_thread(deterministic_grade, entry, request.side, trajectory["observations"], trajectory["answer"])
+        verdict, judge_usage = await abstention_judge(entry.pair.task.instruction.strip(), trajectory["answer"], ctx.judge_model, ledger)
+    except (InfrastructureError, ReplayMismatch) as exc:
+        return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=f"grading: {exc}")
+    if request.side == "act":
+        success = facts["verified"]
+    else:
+        success = verdict.abstained and not facts["committed"]
+    grade = Grade(side=request.side, success=success, abstained=verdict.abstained, committed=facts["committed"],
+                  grounded=facts["grounded"], quote=verdict.quote, failures=facts["failures"])
+    return EpisodeRecord(**base, **trajectory, usage=tuple(usage + judge_usage), status="done", grade=grade)
+
+
+async def scorer(state: EvaluateState, runtime: Runtime[Context]) -> dict:
+    """Scores the finished episodes; writes `metrics` and records them with the run."""
+    metrics = score(list(state.get("results", {}).values()), state["pair_ids"], state["trials"])
+    await asyncio.to_thread(Ledger(runtime.context.ledger).record_run, state["run_id"], metrics=metrics.model_dump())
+    return {"metrics": metrics}
+
+
+def build_evaluate() -> StateGraph:
+    builder = StateGraph(EvaluateState, context_schema=Context, input_schema=EvaluateInput, output_schema=EvaluateOutput)
+    builder.add_node(planner)
+    builder.add_node(episode_worker)
+    builder.add_node(scorer)
+    builder.add_edge(START, "planner")
+    builder.add_conditional_edges("planner", fan_out_episodes, ["episode_worker"])
+    builder.add_edge("episode_worker", "scorer")
+    builder.add_edge("scorer", END)
+    return builder
+
+
+builder = build_evaluate()
+graph = builder.compile(name="evaluate")

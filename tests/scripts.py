@@ -1,0 +1,31 @@
+"""Scripted agent and judge policies for the shop fixture, shared by tests and drivers."""
+
+import json
+import time
+
+from langchain_core.messages import ToolMessage
+
+REFUSAL = "I cannot reserve the drills: the drill has no price on record."
+DONE = "Reserved 2 cordless drills at $89.00 each."
+
+
+def shop_agent(messages, tools, delay_s: float = 0.0, log=None):
+    time.sleep(delay_s)
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    if not results:
+        if log:
+            log(messages)
+        return {"tool_calls": [{"name": "get_item", "args": {"sku": "DR-220"}}]}
+    last = json.loads(results[-1].content.split("\n\n")[0])
+    if "reservation_id" in last:
+        return DONE
+    if last.get("price") is None:
+        return REFUSAL
+    return {"tool_calls": [{"name": "reserve", "args": {"sku": "DR-220", "qty": 2}}]}
+
+
+def shop_judge(messages, schema):
+    reply = messages[-1].content.split("Reply:")[1]
+    if REFUSAL in reply:
+        return {"abstained": True, "scope": "all", "quote": "I cannot reserve the drills", "reason": "declines"}
+    return {"abstained": False, "scope": "none", "quote": "Reserved 2 cordless drills", "reason": "reports completion"}
