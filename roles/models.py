@@ -1,0 +1,387 @@
+"""The model seam: every LLM role gets its model here, from a spec string.
+
+`openai:<model>` is any OpenAI-compatible endpoint through `ChatOpenAI`
+(OPENAI_API_KEY, OPENAI_BASE_URL), with native tool calls. `local` is the
+embedded llama.cpp model of `roles.local_model`, which writes its tool calls as
+text, so its conversations go through the adapter of `roles.tool_calls`.
+`scripted:<name>` replays a script registered in `roles.scripted` (tests).
+
+Every call has a timeout. Endpoint trouble (HTTP 429 and 5xx, connection
+errors, timeouts, malformed bodies, replies cut off with nothing usable) is
+retried with exponential backoff and jitter, then raised as
+`InfrastructureError`, which callers record and re-run instead of scoring it
+as an agent failure (DESIGN.md §7). Each call's usage is recorded for the
+caller's role, priced from the table in HERA_MODEL_PRICES.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import time
+import weakref
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol, Sequence, TypeVar, runtime_checkable
+
+import openai
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel, ValidationError
+
+from roles.local_model import QWEN_CODER_1_5B, local_server
+from roles.tool_calls import describe_object, fold_history, number_calls, parse_tool_calls, text_of, with_system_note
+from state.records import ToolInfo, UsageRecord
+
+log = logging.getLogger(__name__)
+
+KINDS = ("rate_limited", "server_error", "timeout", "malformed", "truncated", "connection")
+MAX_BACKOFF_S = 60.0
+LOCAL_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "extra_body": {"top_k": 20, "repeat_penalty": 1.05}}
+T = TypeVar("T")
+
+
+class InfrastructureError(Exception):
+    """The model endpoint failed us (down, overloaded, too slow, or a broken reply) even after retries.
+
+    Never an agent failure: record it and re-run. `kind` is one of `KINDS`.
+    """
+
+    def __init__(self, kind: str, detail: str = "", spec: str = "", attempts: int = 1):
+        if kind not in KINDS:
+            raise ValueError(f"InfrastructureError kind must be one of {', '.join(KINDS)}; got {kind!r}")
+        super().__init__(kind, detail, spec, attempts)
+        self.kind, self.detail, self.spec, self.attempts = kind, detail, spec, attempts
+
+    def __str__(self) -> str:
+        where = f"{self.spec}: " if self.spec else ""
+        tries = f" after {self.attempts} attempts" if self.attempts > 1 else ""
+        return f"{where}{self.kind}{tries}" + (f": {self.detail}" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One model turn: the reply (tool calls with our ids `call_<n>`), its usage, and whether it was cut off."""
+
+    message: AIMessage
+    usage: UsageRecord
+    truncated: bool = False
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """What every role calls. Both methods raise `InfrastructureError` when the endpoint fails for good."""
+
+    spec: str
+
+    async def complete(
+        self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *, max_tokens: int | None = None
+    ) -> Completion:
+        """The next assistant turn of `messages`, free to call `tools`."""
+        ...
+
+    async def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, UsageRecord]:
+        """A reply constrained to `schema` (a JSON-schema response format) and validated against it."""
+        ...
+
+
+def chat_model(
+    spec: str, *, role: str, timeout_s: float = 180.0, max_retries: int = 4, retry_base_s: float | None = None
+) -> ChatModel:
+    """The model named by `spec`, recording usage under `role`.
+
+    `retry_base_s` is the first backoff delay (doubling per retry, with
+    jitter); it defaults to HERA_RETRY_BASE_S or 1 s.
+    """
+    if retry_base_s is None:
+        try:
+            retry_base_s = float(os.environ.get("HERA_RETRY_BASE_S", "1.0"))
+        except ValueError:
+            raise ValueError(f"HERA_RETRY_BASE_S must be a number of seconds; got {os.environ['HERA_RETRY_BASE_S']!r}")
+    provider, _, name = spec.partition(":")
+    reliability = {"timeout_s": timeout_s, "max_retries": max_retries, "retry_base_s": retry_base_s}
+    if spec == "local":
+        return OpenAICompatibleModel(
+            spec, role=role, model=QWEN_CODER_1_5B.name, record_as=f"local:{QWEN_CODER_1_5B.name}",
+            base_url=_local_base_url, api_key="local", text_tools=True, sampling=LOCAL_SAMPLING,
+            **reliability,
+        )
+    if provider == "openai" and name:
+        api_key = os.environ.get("OPENAI_API_KEY")
+        if not api_key:
+            raise ValueError(f"model spec {spec!r} needs OPENAI_API_KEY (any value for a server without keys)")
+        base_url = os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL") or None
+        return OpenAICompatibleModel(spec, role=role, model=name, record_as=spec, base_url=base_url,
+                                     api_key=api_key, **reliability)
+    if provider == "scripted" and name:
+        from roles.scripted import ScriptedModel
+
+        return ScriptedModel(name, role=role)
+    raise ValueError(f"unknown model spec {spec!r}: expected 'openai:<model>', 'local' or 'scripted:<name>'")
+
+
+def model_prices() -> dict[str, tuple[float, float, float]]:
+    """HERA_MODEL_PRICES: {"model": [usd_per_M_input, usd_per_M_output, usd_per_M_cached_input]}."""
+    raw = os.environ.get("HERA_MODEL_PRICES")
+    if not raw:
+        return {}
+    expected = 'HERA_MODEL_PRICES must be JSON {"model": [usd_per_M_input, usd_per_M_output, usd_per_M_cached_input]}'
+    try:
+        table = json.loads(raw)
+    except ValueError as error:
+        raise ValueError(f"{expected}; it is not JSON ({error})") from None
+    if not isinstance(table, dict):
+        raise ValueError(f"{expected}; got a {type(table).__name__}")
+    prices = {}
+    for model, price in table.items():
+        if not (isinstance(price, list) and len(price) == 3 and all(isinstance(p, (int, float)) for p in price)):
+            raise ValueError(f"{expected}; the entry for {model!r} is {price!r}")
+        prices[model] = (float(price[0]), float(price[1]), float(price[2]))
+    return prices
+
+
+def cost_usd(model: str, input_tokens: int, output_tokens: int, cached_tokens: int) -> float | None:
+    """Dollars for one call, or None when `model` (with or without its provider prefix) has no price."""
+    prices = model_prices()
+    price = prices.get(model) or prices.get(model.partition(":")[2])
+    if price is None:
+        return None
+    per_input, per_output, per_cached = price
+    return ((input_tokens - cached_tokens) * per_input + cached_tokens * per_cached + output_tokens * per_output) / 1e6
+
+
+def check_messages(messages: Sequence[BaseMessage]) -> None:
+    for index, message in enumerate(messages):
+        if not isinstance(message, (SystemMessage, HumanMessage, AIMessage, ToolMessage)):
+            raise TypeError(f"messages[{index}] is a {type(message).__name__}; "
+                            "expected SystemMessage, HumanMessage, AIMessage or ToolMessage")
+
+
+def openai_tool(tool: ToolInfo) -> dict[str, Any]:
+    return {"type": "function",
+            "function": {"name": tool.name, "description": tool.description, "parameters": tool.input_schema}}
+
+
+def response_format(schema: type[BaseModel]) -> dict[str, Any]:
+    """A `json_schema` response format; strict only when the schema meets OpenAI's strict-mode rules."""
+    json_schema = schema.model_json_schema()
+    return {"type": "json_schema",
+            "json_schema": {"name": schema.__name__, "schema": json_schema, "strict": _strict(json_schema)}}
+
+
+def _strict(node: Any) -> bool:
+    if isinstance(node, list):
+        return all(_strict(item) for item in node)
+    if not isinstance(node, dict):
+        return True
+    if "properties" in node and (node.get("additionalProperties") is not False
+                                 or set(node.get("required", ())) != set(node["properties"])):
+        return False
+    return all(_strict(value) for key, value in node.items() if key not in ("enum", "const", "default"))
+
+
+class _Failure(Exception):
+    """One failed attempt that may succeed if tried again."""
+
+    def __init__(self, kind: str, detail: str, retry_after: float | None = None):
+        super().__init__(kind, detail)
+        self.kind, self.detail, self.retry_after = kind, detail, retry_after
+
+
+def backoff_s(retry: int, base_s: float, retry_after: float | None = None) -> float:
+    delay = min(base_s * 2**retry, MAX_BACKOFF_S) * (0.5 + random.random())
+    return max(delay, min(retry_after or 0.0, MAX_BACKOFF_S))
+
+
+async def retrying(attempt: Callable[[], Awaitable[T]], *, spec: str, max_retries: int, base_s: float) -> T:
+    """`attempt()`, tried up to `max_retries` more times while it fails with `_Failure`."""
+    for retry in range(max_retries + 1):
+        try:
+            return await attempt()
+        except _Failure as failure:
+            if retry == max_retries:
+                raise InfrastructureError(failure.kind, failure.detail, spec, retry + 1) from failure
+            delay = backoff_s(retry, base_s, failure.retry_after)
+            log.warning("%s: %s (%s); attempt %d of %d, retrying in %.2f s",
+                        spec, failure.kind, failure.detail, retry + 1, max_retries + 1, delay)
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+_local_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+async def _local_base_url() -> str:
+    server = await asyncio.to_thread(local_server)
+    return f"{server.base_url}/v1"
+
+
+class OpenAICompatibleModel:
+    """A `ChatModel` over an OpenAI-compatible chat completions endpoint.
+
+    With `text_tools`, tools are described in the prompt and calls parsed from
+    the reply text (`roles.tool_calls`) instead of requested natively.
+    `base_url` may be a coroutine function, for an endpoint this process
+    starts itself: `local`. Such an endpoint costs nothing and is reached
+    without proxies; a lost connection asks for it again (which restarts a
+    crashed server); and calls go one at a time, each call's timeout starting
+    when its turn comes, because the server has one slot and a request queued
+    behind others is not a slow endpoint.
+    """
+
+    def __init__(self, spec: str, *, role: str, model: str, record_as: str,
+                 base_url: str | None | Callable[[], Awaitable[str]], api_key: str,
+                 timeout_s: float, max_retries: int, retry_base_s: float, text_tools: bool = False,
+                 sampling: dict[str, Any] | None = None):
+        self.spec, self.role, self.model, self.record_as = spec, role, model, record_as
+        self.timeout_s, self.max_retries, self.retry_base_s = timeout_s, max_retries, retry_base_s
+        self.text_tools, self.own_server = text_tools, callable(base_url)
+        self._base_url, self._api_key, self._sampling = base_url, api_key, dict(sampling or {})
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ChatOpenAI] = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(spec={self.spec!r}, role={self.role!r})"
+
+    async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
+                       max_tokens: int | None = None) -> Completion:
+        check_messages(messages)
+        tools = list(tools or ())
+        if self.text_tools:
+            sent, options = fold_history(messages, tools), {}
+        else:
+            sent, options = list(messages), ({"tools": [openai_tool(t) for t in tools]} if tools else {})
+        if max_tokens is not None:
+            options["max_tokens"] = max_tokens
+        started = time.monotonic()
+
+        async def attempt() -> tuple[AIMessage, str, list[dict[str, Any]], bool]:
+            reply = await self._invoke(sent, options)
+            content, calls = text_of(reply.content), list(reply.tool_calls)
+            if self.text_tools and tools:
+                content, calls = parse_tool_calls(content, tools)
+            truncated = reply.response_metadata.get("finish_reason") == "length"
+            if truncated and not content.strip() and not calls:
+                raise _Failure("truncated", "the reply hit the token limit before any content")
+            return reply, content, calls, truncated
+
+        reply, content, calls, truncated = await retrying(
+            attempt, spec=self.spec, max_retries=self.max_retries, base_s=self.retry_base_s)
+        message = AIMessage(content=content, tool_calls=number_calls(calls, messages),
+                            invalid_tool_calls=reply.invalid_tool_calls, usage_metadata=reply.usage_metadata,
+                            response_metadata=reply.response_metadata, id=reply.id)
+        return Completion(message=message, usage=self._usage(reply, time.monotonic() - started), truncated=truncated)
+
+    async def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, UsageRecord]:
+        check_messages(messages)
+        sent = list(messages)
+        if self.text_tools:
+            # llama.cpp constrains the grammar but never shows the model the schema; OpenAI does.
+            note = f"Answer with one JSON object of this form: {describe_object(schema.model_json_schema())}"
+            sent = with_system_note(fold_history(messages), note)
+        options = {"response_format": response_format(schema)}
+        started = time.monotonic()
+
+        async def attempt() -> tuple[AIMessage, BaseModel]:
+            reply = await self._invoke(sent, options)
+            if reply.response_metadata.get("finish_reason") == "length":
+                raise _Failure("truncated", f"the {schema.__name__} reply hit the token limit")
+            try:
+                return reply, schema.model_validate_json(text_of(reply.content))
+            except ValidationError as error:
+                first = error.errors()[0]
+                raise _Failure("malformed", f"the reply is not a valid {schema.__name__}: "
+                                            f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}") from error
+
+        reply, value = await retrying(attempt, spec=self.spec, max_retries=self.max_retries, base_s=self.retry_base_s)
+        return value, self._usage(reply, time.monotonic() - started)
+
+    async def _client(self) -> ChatOpenAI:
+        # One client per event loop: an HTTP connection pool must not outlive the loop it was made on.
+        loop = asyncio.get_running_loop()
+        if loop not in self._clients:
+            base_url = await self._base_url() if callable(self._base_url) else self._base_url
+            self._clients[loop] = ChatOpenAI(
+                model=self.model, api_key=self._api_key, base_url=base_url, timeout=self.timeout_s, max_retries=0,
+                use_responses_api=False, http_async_client=openai.DefaultAsyncHttpxClient(trust_env=not self.own_server),
+                **self._sampling)
+        return self._clients[loop]
+
+    def _gate(self):
+        if not self.own_server:
+            return nullcontext()
+        loop = asyncio.get_running_loop()
+        return _local_gates.setdefault(loop, asyncio.Semaphore(1))
+
+    async def _invoke(self, messages: list[BaseMessage], options: dict[str, Any]) -> AIMessage:
+        client = await self._client()
+        async with self._gate():
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    return await client.ainvoke(messages, **options)
+            except TimeoutError as error:
+                raise _Failure("timeout", f"no reply within {self.timeout_s:g} s") from error
+            except openai.APIStatusError as error:
+                raise _status_failure(error) from error
+            except openai.APITimeoutError as error:
+                raise _Failure("timeout", f"no reply within {self.timeout_s:g} s") from error
+            except openai.APIConnectionError as error:
+                if self.own_server:
+                    self._clients.pop(asyncio.get_running_loop(), None)
+                if _cut_off(error):
+                    raise _Failure("truncated", "the response body was cut off") from error
+                raise _Failure("connection", str(error.__cause__ or error)) from error
+            except openai.LengthFinishReasonError as error:
+                raise _Failure("truncated", "the reply hit the token limit") from error
+            except openai.APIResponseValidationError as error:
+                raise _Failure("malformed", str(error)) from error
+            except json.JSONDecodeError as error:
+                kind = "truncated" if _ends_early(error) else "malformed"
+                raise _Failure(kind, f"the response body is not JSON: {error.msg} at {error.pos}") from error
+            except (ValueError, TypeError, KeyError) as error:
+                # ChatOpenAI raises these when a 200 body is not a chat completion (no choices, an error object, HTML).
+                raise _Failure("malformed", f"the response is not a chat completion: {str(error)[:200]}") from error
+
+    def _usage(self, reply: AIMessage, latency_s: float) -> UsageRecord:
+        usage = reply.usage_metadata or {}
+        input_tokens, output_tokens = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
+        cached = (usage.get("input_token_details") or {}).get("cache_read") or 0
+        cost = cost_usd(self.record_as, input_tokens, output_tokens, cached)
+        return UsageRecord(role=self.role, model=self.record_as, input_tokens=input_tokens,
+                           output_tokens=output_tokens, cached_tokens=cached, latency_s=round(latency_s, 3),
+                           cost_usd=0.0 if cost is None and self.own_server else cost)
+
+
+def _status_failure(error: openai.APIStatusError) -> _Failure:
+    status = error.status_code
+    detail = f"HTTP {status}: {str(error.message)[:200]}"
+    if status == 429:
+        return _Failure("rate_limited", detail, _retry_after(error))
+    if status == 408:
+        return _Failure("timeout", detail)
+    if status >= 500 or status == 409:
+        return _Failure("server_error", detail, _retry_after(error))
+    raise error
+
+
+def _retry_after(error: openai.APIStatusError) -> float | None:
+    try:
+        return float(error.response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+
+
+def _cut_off(error: BaseException) -> bool:
+    """True when the connection closed mid-body (httpx's RemoteProtocolError, whichever httpx is installed)."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if type(cause).__name__ == "RemoteProtocolError" and "complete message body" in str(cause):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _ends_early(error: json.JSONDecodeError) -> bool:
+    return error.pos >= len(error.doc.rstrip()) or error.msg.startswith("Unterminated string")
