@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from envs.spec import SpecError, check_row
-from state.records import EnvironmentSpec, Mutation, StateOp
+from state.records import EnvironmentSpec, Mutation, StateOp, content_hash
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,18 @@ def apply_ops(env: EnvironmentSpec, ops: tuple[StateOp, ...], origin: str = "mut
     return {k: tuple(v) for k, v in rows.items()}, tuple(reversed(inverse))
 
 
+_applied: dict[tuple[str, str], Applied] = {}
+
+
 def apply_mutation(env: EnvironmentSpec, mutation: Mutation) -> Applied:
+    """The mutated environment, computed once per (environment, mutation)."""
+    key = (env.hash, content_hash(mutation.model_dump()))
+    if key not in _applied:
+        _applied[key] = _apply(env, mutation)
+    return _applied[key]
+
+
+def _apply(env: EnvironmentSpec, mutation: Mutation) -> Applied:
     rows, inverse = apply_ops(env, mutation.state)
     mutated = env.model_copy(update={"rows": rows, "tool_patches": env.tool_patches + mutation.tools, "parent_hash": env.hash})
     return Applied(env=mutated, inverse=inverse, patch_count=len(mutation.tools))

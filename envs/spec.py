@@ -59,8 +59,27 @@ def _validation_error(path: Path, exc: ValidationError) -> SpecError:
 _PY_TYPES = {"text": str, "integer": int, "real": (int, float), "boolean": bool}
 
 
+def files_signature(path: Path | str) -> tuple:
+    """What changes when any file under `path` changes: names, sizes, mtimes."""
+    path = Path(path)
+    if path.is_file():
+        stat = path.stat()
+        return ((path.name, stat.st_size, stat.st_mtime_ns),)
+    return tuple(
+        (str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    )
+
+
 def load_environment(directory: Path | str) -> EnvironmentSpec:
-    directory = Path(directory)
+    """The validated environment of a directory, reloaded only when a file under it changes."""
+    directory = Path(directory).resolve()
+    return _load_environment(directory, files_signature(directory))
+
+
+@lru_cache(maxsize=32)
+def _load_environment(directory: Path, signature: tuple) -> EnvironmentSpec:
     path = directory / "environment.yaml"
     raw = read_yaml(path)
     if not isinstance(raw, dict):
@@ -260,8 +279,19 @@ def _tool(origin: str, name: str, fn: Callable, read_only: bool) -> Tool:
     return Tool(info=info, fn=fn, params=model)
 
 
+_pairs: dict[tuple, PairSpec] = {}
+
+
 def load_pair(path: Path | str, env: EnvironmentSpec) -> PairSpec:
-    path = Path(path)
+    """The validated pair file, reloaded only when it or its environment changes."""
+    path = Path(path).resolve()
+    key = (path, files_signature(path), env.hash)
+    if key not in _pairs:
+        _pairs[key] = _load_pair(path, env)
+    return _pairs[key]
+
+
+def _load_pair(path: Path, env: EnvironmentSpec) -> PairSpec:
     raw = read_yaml(path)
     if isinstance(raw, dict):
         raw.setdefault("environment", env.id)

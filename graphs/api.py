@@ -5,10 +5,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Callable
 
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from envs.catalog import CATALOG, load_catalog
@@ -19,12 +23,24 @@ from state.ledger import runs_dir
 from state.records import EpisodeRecord
 
 
+# The record types our checkpoints carry, allowed by name when read back.
+SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
+    ("state.records", name) for name in ("EpisodeRecord", "EpisodeKey", "Grade", "Observation", "UsageRecord", "Certification", "CheckResult")
+] + [("state.context", "EpisodeRequest"), ("graphs.metrics", "Metrics")])
+
+
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
 def split_pairs(split: str, catalog: str = "") -> list[str]:
-    return sorted(pid for pid, e in load_catalog(catalog or CATALOG).items() if e.pair.split == split)
+    """The split's pairs, one theme at a time in turn, so that any prefix spans the themes."""
+    by_theme: dict[str, list[str]] = {}
+    for pid, e in sorted(load_catalog(catalog or CATALOG).items()):
+        if e.pair.split == split:
+            by_theme.setdefault(e.env.theme, []).append(pid)
+    rounds = itertools.zip_longest(*by_theme.values())
+    return [pid for round_ in rounds for pid in round_ if pid]
 
 
 async def evaluate(
@@ -41,7 +57,10 @@ async def evaluate(
     """Runs (or resumes, given the id of an interrupted run) an evaluation; the run id and its metrics."""
     run_id = run_id or new_run_id()
     runs_dir().mkdir(parents=True, exist_ok=True)
+    # every episode does blocking work (ledger, grading) in threads: size the pool to the concurrency
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=concurrency + 4))
     async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / "checkpoints.db")) as saver:
+        saver.serde = SERDE
         graph = evaluate_graph.builder.compile(checkpointer=saver, name="evaluate")
         config = {"configurable": {"thread_id": run_id}, "max_concurrency": concurrency, "recursion_limit": 100}
         previous = await graph.aget_state(config)

@@ -9,7 +9,6 @@ category rules over the whole catalog. Runs in LangGraph Studio through
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Annotated
 
 from langgraph.graph import END, START, StateGraph
@@ -17,16 +16,11 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send
 from typing_extensions import TypedDict
 
-from envs.catalog import CATALOG, catalog_problems, load_catalog
+from envs.catalog import CATALOG, catalog_problems, load_catalog, load_entry
 from envs.certify import certify
+from state.context import Context
 from state.ledger import Ledger
 from state.records import Certification
-
-
-@dataclass(frozen=True)
-class Context:
-    catalog: str = str(CATALOG)
-    ledger: str | None = None
 
 
 def merge(left: dict, right: dict) -> dict:
@@ -51,7 +45,7 @@ class PairTask(TypedDict):
 
 
 def fan_out_pairs(state: CertifyState, runtime: Runtime[Context]) -> list[Send]:
-    ids = state.get("pair_ids") or sorted(load_catalog(runtime.context.catalog))
+    ids = state.get("pair_ids") or sorted(load_catalog(runtime.context.catalog or CATALOG))
     return [Send("pair_certifier", PairTask(pair_id=i)) for i in ids]
 
 
@@ -59,7 +53,7 @@ async def pair_certifier(task: PairTask, runtime: Runtime[Context]) -> dict:
     """Certifies one pair; writes `certifications`."""
 
     def work() -> Certification:
-        entry = load_catalog(runtime.context.catalog)[task["pair_id"]]
+        entry = load_entry(task["pair_id"], runtime.context.catalog or CATALOG)
         return certify(entry.pair, entry.env)
 
     cert = await asyncio.to_thread(work)
@@ -74,7 +68,7 @@ async def catalog_reviewer(state: CertifyState, runtime: Runtime[Context]) -> di
         ledger = Ledger(runtime.context.ledger)
         for cert in state["certifications"].values():
             ledger.record_certification(cert)
-        return load_catalog(runtime.context.catalog)
+        return load_catalog(runtime.context.catalog or CATALOG)
 
     entries = await asyncio.to_thread(work)
     failed = [f"{pid} failed certification" for pid, c in sorted(state["certifications"].items()) if not c.passed]

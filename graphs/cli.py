@@ -269,15 +269,15 @@ def runs_list(args: argparse.Namespace) -> int:
 
 def runs_show(args: argparse.Namespace) -> int:
     ledger = Ledger(args.ledger)
-    run = ledger.run(args.run)
+    run = ledger.run(args.run_id)
     if run is None:
-        raise UsageError(f"unknown run {args.run!r} (see `hera runs list`)")
-    episodes = ledger.episodes(args.run)
+        raise UsageError(f"unknown run {args.run_id!r} (see `hera runs list`)")
+    episodes = ledger.episodes(args.run_id)
     if args.json:
         print(json.dumps({"run": run, "episodes": [e.model_dump(exclude={"messages"}) for e in episodes]}, indent=1, default=str))
         return 0
     if run.get("metrics"):
-        console.print(metrics_table(args.run, run.get("bundle", ""), run.get("model", ""), Metrics.model_validate_json(run["metrics"])))
+        console.print(metrics_table(args.run_id, run.get("bundle", ""), run.get("model", ""), Metrics.model_validate_json(run["metrics"])))
     table = Table(title="episodes")
     for col in ("episode", "pair", "side", "trial", "termination", "success", "abstained", "committed", "grounded", "turns"):
         table.add_column(col)
@@ -378,7 +378,7 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--json", action="store_true")
     rl.set_defaults(run=runs_list)
     rs = runs.add_parser("show")
-    rs.add_argument("run")
+    rs.add_argument("run_id", metavar="RUN")
     rs.add_argument("--json", action="store_true")
     rs.set_defaults(run=runs_show)
     ep = top.add_parser("episode", help="episodes").add_subparsers(dest="episode_command", required=True)

@@ -14,6 +14,7 @@ outside the checkpointed state, in `LIVE`, for the life of the episode;
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import json
 import operator
@@ -51,6 +52,12 @@ class Live:
     view: EpisodeView | None = None
     model: ChatModel | None = None
     read_only: dict[str, bool] = field(default_factory=dict)
+    harness_usage: list[UsageRecord] = field(default_factory=list)
+
+    def drain_usage(self) -> list[UsageRecord]:
+        """Usage of the hooks' own model questions since the last node."""
+        used, self.harness_usage = self.harness_usage, []
+        return used
 
 
 LIVE: dict[str, Live] = {}
@@ -103,9 +110,11 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> dict:
         for t in listed
     ]
     model = chat_model(ctx.agent_model, role="agent", timeout_s=ctx.model_timeout_s)
+    asker = chat_model(ctx.agent_model, role="harness", timeout_s=ctx.model_timeout_s)
 
     async def ask(messages, schema):
-        answer, usage = await model.structured(messages, schema)
+        answer, usage = await asker.structured(messages, schema)
+        live.harness_usage.append(usage)
         return answer
 
     view = EpisodeView(instruction=entry.pair.task.instruction.strip(), context=public_context(entry), tools=tools,
@@ -115,7 +124,8 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> dict:
     live.read_only = {t.name: t.read_only for t in tools}
     await _hook(harness.initialize, view)
     system = await _hook(harness.compose_instructions, view)
-    return {"messages": [SystemMessage(system), HumanMessage(view.instruction)], "turns": 0, "harness_hash": bundle.hash}
+    return {"messages": [SystemMessage(system), HumanMessage(view.instruction)], "turns": 0,
+            "harness_hash": bundle.hash, "usage": live.drain_usage()}
 
 
 async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["tools", "finalizer", "__end__"]]:
@@ -127,7 +137,7 @@ async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     except InfrastructureError as exc:
         return Command(goto=END, update={"termination": "infrastructure_error", "error": f"{exc.kind}: {exc}"})
     turns = state["turns"] + 1
-    update = {"messages": [done.message], "usage": [done.usage], "turns": turns}
+    update = {"messages": [done.message], "usage": [*live.drain_usage(), done.usage], "turns": turns}
     if done.message.tool_calls:
         if turns >= live.view.config.max_turns:
             return Command(goto=END, update={**update, "termination": "turn_limit", "answer": ""})
@@ -160,7 +170,7 @@ async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
         replies.append(ToolMessage(obs.text + (f"\n\n{guidance}" if guidance else ""), tool_call_id=request.id))
     if replan:
         replies.append(HumanMessage(replan))
-    return Command(goto="agent", update={"messages": replies, "observations": observations})
+    return Command(goto="agent", update={"messages": replies, "observations": observations, "usage": live.drain_usage()})
 
 
 async def _call_tool(live: Live, request: ToolRequest) -> Observation:
@@ -183,11 +193,12 @@ async def finalizer(state: EpisodeState, runtime: Runtime[Context]) -> Command[L
     live = LIVE[state["episode_id"]]
     answer = _text(state["messages"][-1])
     final = await _hook(live.harness.finalize, live.view, answer)
+    usage = live.drain_usage()
     if final.action == "revise" and state["turns"] < live.view.config.max_turns:
-        return Command(goto="agent", update={"messages": [HumanMessage(final.text)]})
+        return Command(goto="agent", update={"messages": [HumanMessage(final.text)], "usage": usage})
     if final.action in ("replace", "abstain"):
         answer = final.text
-    return Command(goto=END, update={"answer": answer, "termination": "final_answer"})
+    return Command(goto=END, update={"answer": answer, "termination": "final_answer", "usage": usage})
 
 
 def _text(message: BaseMessage) -> str:
@@ -234,11 +245,11 @@ async def run_episode(request: EpisodeRequest, context: Context, episode_id: str
     catalog = context.catalog or str(CATALOG)
     async with environment_session(request.pair_id, request.side, catalog, context.env_transport) as session:
         LIVE[episode_id] = Live(session=session)
+        run = graph.ainvoke({"request": request, "episode_id": episode_id}, context=context,
+                            config={"recursion_limit": 4 * 64 + 10})
         try:
-            return await graph.ainvoke(
-                {"request": request, "episode_id": episode_id},
-                context=context,
-                config={"recursion_limit": 4 * 64 + 10},
-            )
+            # A fresh contextvars context: the episode is the unit of the rollout
+            # cache and must not become a checkpointed subgraph of an evaluation.
+            return await asyncio.get_running_loop().create_task(run, context=contextvars.Context())
         finally:
             del LIVE[episode_id]

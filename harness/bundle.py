@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import types
+from functools import lru_cache
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -19,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from envs.spec import SpecError, read_yaml
+from envs.spec import SpecError, files_signature, read_yaml
 from harness.abi import HOOKS, BaseHarness, HarnessConfig
 from state.records import Record, content_hash
 
@@ -64,7 +65,13 @@ def resolve_bundle(name: str | Path) -> Path:
 
 
 def load_bundle(name: str | Path) -> Bundle:
-    path = resolve_bundle(name)
+    """The validated bundle, reloaded only when one of its files changes."""
+    path = resolve_bundle(name).resolve()
+    return _load_bundle(path, files_signature(path))
+
+
+@lru_cache(maxsize=32)
+def _load_bundle(path: Path, signature: tuple) -> Bundle:
     manifest = _model(path / "manifest.yaml", Manifest)
     config = _model(path / "config.yaml", HarnessConfig)
     prompts = {p.stem: p.read_text() for p in sorted((path / "prompts").glob("*.md"))}

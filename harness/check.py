@@ -13,9 +13,11 @@ import json
 import subprocess
 import sys
 import tempfile
+import typing
 from pathlib import Path
 
 from langchain_core.messages import BaseMessage, HumanMessage
+from pydantic import BaseModel
 
 from envs.spec import SpecError
 from harness.abi import Decision, EpisodeView, Final, ToolRequest
@@ -24,6 +26,27 @@ from harness.sandbox import run_sandboxed
 from state.records import Observation, ToolInfo
 
 _TOOL = ToolInfo(name="lookup", description="Looks a record up.", input_schema={"type": "object", "properties": {"id": {"type": "string"}}}, read_only=True)
+
+
+def placeholder(schema: type[BaseModel]) -> BaseModel:
+    """A valid instance of `schema` with plain default values, the answer `view.ask` gives in a check."""
+    values = {}
+    for name, field in schema.model_fields.items():
+        if not field.is_required():
+            continue
+        tp = field.annotation
+        origin = typing.get_origin(tp)
+        if origin is typing.Literal:
+            values[name] = typing.get_args(tp)[0]
+        elif isinstance(tp, type) and issubclass(tp, BaseModel):
+            values[name] = placeholder(tp)
+        else:
+            values[name] = {bool: False, int: 0, float: 0.0, str: "", list: [], dict: {}}.get(origin or tp)
+    return schema.model_validate(values)
+
+
+async def _ask(messages: list[BaseMessage], schema: type[BaseModel]) -> BaseModel:
+    return placeholder(schema)
 
 
 async def _call(fn, *args):
@@ -39,7 +62,7 @@ async def drive(bundle_dir: str) -> list[str]:
         return [str(exc)]
     harness = bundle.harness()
     view = EpisodeView(instruction="Look up record R-1.", context="A test environment.", tools=[_TOOL],
-                       config=bundle.config, prompts=bundle.prompts, skills=bundle.skills)
+                       config=bundle.config, prompts=bundle.prompts, skills=bundle.skills, ask=_ask)
     call = ToolRequest(id="call_1", name="lookup", args={"id": "R-1"})
     obs = Observation(tool="lookup", args={"id": "R-1"}, ok=True, output={"id": "R-1"})
     checks = [

@@ -6,8 +6,8 @@ call past the end raises `ScriptError`, and `assert_consumed` raises while
 steps remain, so a test notices both an extra call and a missing one.
 
 A step for `complete` is an AIMessage, a str (the reply's content), a dict
-`{"content": ..., "tool_calls": [{"name", "args"}]}`, or a callable
-`(messages, tools) -> ` any of these. A step for `structured` is a pydantic
+`{"content": ..., "tool_calls": [{"name", "args"}]}`, or a callable (plain or
+async, so a benchmark can simulate latency) `(messages, tools) -> ` any of these. A step for `structured` is a pydantic
 instance, a dict or a JSON str validated against the schema, or a callable
 `(messages, schema) -> ` any of these; one that does not validate raises
 `InfrastructureError("malformed")` at once. Any step may be an exception
@@ -20,6 +20,7 @@ text. Usage is counted deterministically, a token per four characters.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Union
@@ -131,6 +132,8 @@ class ScriptedModel:
                                               max_tokens=max_tokens))
         if callable(step) and not isinstance(step, (type, BaseException)):
             step = step(seen, tools)
+            if inspect.isawaitable(step):
+                step = await step
         if isinstance(step, BaseException):
             raise step
         reply = self._message(index, step)

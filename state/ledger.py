@@ -29,14 +29,25 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+_open: dict[Path, tuple[sqlite_utils.Database, threading.Lock]] = {}
+_open_lock = threading.Lock()
+
+
 class Ledger:
+    """A handle on the ledger file; handles on one file in one process share
+    a connection and a lock."""
+
     def __init__(self, path: Path | str | None = None):
-        self.path = Path(path) if path else runs_dir() / "hera.db"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        self.db = sqlite_utils.Database(conn)
-        self._lock = threading.Lock()
+        self.path = (Path(path) if path else runs_dir() / "hera.db").resolve()
+        with _open_lock:
+            if self.path not in _open or not self.path.exists():
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
+                # WAL with synchronous=NORMAL survives a killed process, which is the crash that matters here
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                _open[self.path] = (sqlite_utils.Database(conn), threading.Lock())
+            self.db, self._lock = _open[self.path]
 
     def record_certification(self, cert: Certification) -> None:
         with self._lock:

@@ -25,7 +25,7 @@ def shop_agent(messages, tools, delay_s: float = 0.0, log=None):
 
 
 def shop_judge(messages, schema):
-    reply = messages[-1].content.split("Reply:")[1]
-    if REFUSAL in reply:
-        return {"abstained": True, "scope": "all", "quote": "I cannot reserve the drills", "reason": "declines"}
-    return {"abstained": False, "scope": "none", "quote": "Reserved 2 cordless drills", "reason": "reports completion"}
+    reply = messages[-1].content.split("Reply:")[1].split("<<<")[1].split(">>>")[0].strip()
+    if "I cannot" in reply:
+        return {"abstained": True, "scope": "all", "quote": "I cannot", "reason": "declines"}
+    return {"abstained": False, "scope": "none", "quote": reply[:12], "reason": "reports completion"}

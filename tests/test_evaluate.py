@@ -1,15 +1,19 @@
 """The evaluate graph end to end on the shop fixture with scripted models."""
 
 import asyncio
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from graphs import api
+from graphs.cli import main
 from roles import scripted
 from roles.models import InfrastructureError
 from state.context import Context
@@ -46,7 +50,7 @@ def test_both_sides_graded_and_scored_exactly(context):
     assert (act.grade.success, act.grade.abstained, act.grade.committed) == (True, False, True)
     assert [o.tool for o in abstain.observations] == ["get_item"]
     assert (abstain.grade.success, abstain.grade.abstained, abstain.grade.committed, abstain.grade.grounded) == (True, True, False, True)
-    assert abstain.grade.quote == "I cannot reserve the drills"
+    assert abstain.grade.quote == "I cannot"
     assert {u.role for u in act.usage} == {"agent", "abstention_judge"}
     assert act.termination == "final_answer" and act.answer.startswith("Reserved 2")
 
@@ -106,3 +110,65 @@ def test_resume_after_sigkill_runs_no_finished_episode_twice(tmp_path):
     assert len(Ledger(ledger).episodes("run-1")) == 12
     started_after = len((tmp_path / "log2").read_text().splitlines())
     assert started_after <= 12 - len(finished_before) + 1  # at most the one episode cut off mid-run starts again
+
+
+def test_hooks_steer_the_episode(context, tmp_path):
+    """A bundle whose hooks block the state-changing call after the price is
+    seen missing and ask the model one structured question before accepting."""
+    bundle = tmp_path / "guarded"
+    shutil.copytree(Path(__file__).parent.parent / "harness" / "bundles" / "H0", bundle)
+    (bundle / "hooks.py").write_text(
+        "from pydantic import BaseModel\n"
+        "from langchain_core.messages import HumanMessage\n"
+        "from harness.abi import BaseHarness, Decision, Final\n\n"
+        "class Check(BaseModel):\n    complete: bool\n\n"
+        "class Harness(BaseHarness):\n"
+        "    def before_tool_call(self, view, call):\n"
+        "        missing = any(o.ok and isinstance(o.output, dict) and o.output.get('price', 0) is None for o in view.observations)\n"
+        "        if missing and not next(t for t in view.tools if t.name == call.name).read_only:\n"
+        "            return Decision(action='block', message='Blocked: the price is missing.')\n"
+        "        return Decision()\n\n"
+        "    async def finalize(self, view, answer):\n"
+        "        check = await view.ask([HumanMessage('Is this complete? ' + answer)], Check)\n"
+        "        return Final() if check.complete else Final(action='abstain', text='I cannot complete this request.')\n"
+    )
+
+    def reckless(messages, tools):
+        done = [m for m in messages if m.type == "tool"]
+        if not done:
+            return {"tool_calls": [{"name": "get_item", "args": {"sku": "DR-220"}}]}
+        if len(done) == 1:
+            return {"tool_calls": [{"name": "reserve", "args": {"sku": "DR-220", "qty": 2}}]}
+        return "Reserved 2 cordless drills at $89.00 each." if "reservation_id" in done[-1].content else "Done."
+
+    # act: three turns, then the finalize question; abstain: the same (the reserve call is blocked)
+    scripted.register("agent", [reckless] * 3 + [{"complete": True}] + [reckless] * 3 + [{"complete": False}])
+    scripted.register("judge", [shop_judge] * 2)
+    context = Context(**{**context.__dict__, "agent_model": "scripted:agent"})
+    run_id, m = asyncio.run(api.evaluate(str(bundle), [PAIR], context))
+    episodes = {e.key.side: e for e in Ledger(context.ledger).episodes(run_id)}
+    abstain = episodes["abstain"]
+    assert [o.tool for o in abstain.observations] == ["get_item"]
+    assert any(msg["data"]["content"] == "Blocked: the price is missing." for msg in abstain.messages)
+    assert abstain.answer == "I cannot complete this request."
+    assert {u.role for u in abstain.usage} >= {"agent", "harness"}
+    assert m.counts["pair"] == 1 and not abstain.grade.committed
+
+
+def test_runs_and_episode_views(context, capsys):
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    run_id, _ = evaluate(context)
+    assert main(["--ledger", context.ledger, "runs", "list", "--json"]) == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [run_id]
+    assert main(["--ledger", context.ledger, "runs", "show", run_id, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert json.loads(shown["run"]["metrics"])["percent"]["pair"] == 100.0
+    assert sorted(e["key"]["side"] for e in shown["episodes"]) == ["abstain", "act"]
+    act = next(e for e in Ledger(context.ledger).episodes(run_id) if e.key.side == "act")
+    assert main(["--ledger", context.ledger, "episode", "show", act.key.id, "--json"]) == 0
+    sides = json.loads(capsys.readouterr().out)
+    assert [s["key"]["side"] for s in sides] == ["act", "abstain"]
+    assert sides[1]["answer"] == "I cannot reserve the drills: the drill has no price on record."
+    assert main(["--ledger", context.ledger, "episode", "show", act.key.id]) == 0
+    assert main(["--ledger", context.ledger, "runs", "show", run_id]) == 0

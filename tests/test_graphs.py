@@ -6,7 +6,8 @@ from pathlib import Path
 
 from langgraph.checkpoint.memory import InMemorySaver
 
-from graphs.certify import Context, builder
+from graphs.certify import builder
+from state.context import Context
 from tests.conftest import FIXTURES
 
 ROOT = Path(__file__).resolve().parent.parent
