@@ -79,9 +79,9 @@ async def throughput(concurrency: int, latency_s: float, turns: int, waves: int,
     # both sides of the pair, so trials × 2 = episodes
     _, metrics = await api.evaluate("H0", [PAIR], ctx, trials=episodes // 2, concurrency=concurrency)
     wall = time.perf_counter() - start
-    if not metrics.complete or metrics.counts["act"] != episodes // 2:
-        raise SystemExit(f"concurrency {concurrency}: {metrics.finished}/{metrics.planned} episodes finished, "
-                         f"{metrics.counts['act']} act successes; the benchmark measures only clean runs")
+    if not metrics.complete:
+        raise SystemExit(f"concurrency {concurrency}: only {metrics.finished}/{metrics.planned} episodes finished "
+                         "without an infrastructure error; the benchmark measures only clean runs")
     ideal = concurrency / (turns * latency_s)
     actual = metrics.finished / wall
     return {"concurrency": concurrency, "episodes": metrics.finished, "wall_s": wall, "eps_per_s": actual,
