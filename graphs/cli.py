@@ -31,7 +31,7 @@ from graphs.api import split_pairs
 from graphs.metrics import Metrics
 from state.context import Context
 from state.ledger import Ledger
-from state.records import CATEGORIES, Certification, EpisodeRecord
+from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 
 console = Console(stderr=True)
 
@@ -260,11 +260,23 @@ def runs_list(args: argparse.Namespace) -> int:
         table.add_column(col)
     for r in runs:
         m = json.loads(r["metrics"]) if r.get("metrics") else None
-        pct = (lambda k: f"{m['percent'][k]:.1f}%" if m and m["percent"] else (f"{m['counts'][k]}/{m['totals'][k]}" if m else "—"))
         table.add_row(r["id"], r.get("bundle", ""), r.get("model", ""), str(len(json.loads(r.get("pairs") or "[]"))),
-                      str(r.get("trials", "")), pct("abstain"), pct("act"), pct("pair"), r["updated_at"])
+                      str(r.get("trials", "")), *(_score(m, k) for k in ("abstain", "act", "pair")), r["updated_at"])
     console.print(table)
     return 0
+
+
+def _score(metrics: dict | None, name: str) -> str:
+    """A percentage for a complete run, counts for an incomplete one."""
+    if metrics is None:
+        return "—"
+    if metrics["percent"]:
+        return f"{metrics['percent'][name]:.1f}%"
+    return f"{metrics['counts'][name]}/{metrics['totals'][name]}"
+
+
+def _flag(grade: Grade | None, name: str) -> str:
+    return "—" if grade is None else ("yes" if getattr(grade, name) else "no")
 
 
 def runs_show(args: argparse.Namespace) -> int:
@@ -282,11 +294,9 @@ def runs_show(args: argparse.Namespace) -> int:
     for col in ("episode", "pair", "side", "trial", "termination", "success", "abstained", "committed", "grounded", "turns"):
         table.add_column(col)
     for e in episodes:
-        g = e.grade
-        flag = lambda v: "yes" if v else "no"  # noqa: E731
         table.add_row(e.key.id, e.pair_id, e.key.side, str(e.key.trial), e.termination or e.status,
-                      flag(g.success) if g else "—", flag(g.abstained) if g else "—", flag(g.committed) if g else "—",
-                      flag(g.grounded) if g else "—", str(sum(1 for m in e.messages if m.get("type") == "ai")))
+                      *(_flag(e.grade, n) for n in ("success", "abstained", "committed", "grounded")),
+                      str(sum(1 for m in e.messages if m.get("type") == "ai")))
     console.print(table)
     return 0
 
