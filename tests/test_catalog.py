@@ -17,3 +17,11 @@ def test_pair_certifies(pair_id):
     entry = CATALOG[pair_id]
     failed = [f"{c.name}: {c.detail}" for c in certify(entry.pair, entry.env).checks if not c.passed]
     assert failed == []
+
+
+def test_split_order_spans_themes_first():
+    from graphs.api import split_pairs
+
+    bench = split_pairs("bench")
+    assert sorted(bench) == sorted(p for p, e in CATALOG.items() if e.pair.split == "bench")
+    assert len({CATALOG[p].env.theme for p in bench[:5]}) == 5
