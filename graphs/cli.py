@@ -245,7 +245,7 @@ def metrics_table(run_id: str, harness: str, model: str, metrics: Metrics) -> Ta
     u = metrics.usage
     table.caption = (f"{metrics.finished}/{metrics.planned} episodes finished"
                      + ("" if metrics.complete else " — incomplete: counts only")
-                     + f"; tokens in {u['input_tokens']:,} (cached {u['cached_tokens']:,}), out {u['output_tokens']:,}"
+                     + f"; tokens in {u['input_tokens']:,.0f} (cached {u['cached_tokens']:,.0f}), out {u['output_tokens']:,.0f}"
                      + (f"; ${u['cost_usd']:.4f}" if u["cost_usd"] else ""))
     return table
 
