@@ -121,7 +121,7 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
         return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=out.get("error", ""))
     try:
         facts = await asyncio.to_thread(deterministic_grade, entry, request.side, trajectory["observations"], trajectory["answer"])
-        verdict, judge_usage = await abstention_judge(entry.pair.task.instruction.strip(), trajectory["answer"], ctx.judge_model, ledger)
+        verdict, judge_usage = await _judge(entry.pair.task.instruction.strip(), trajectory["answer"], ctx, ledger)
     except (InfrastructureError, ReplayMismatch) as exc:
         return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=f"grading: {exc}")
     if request.side == "act":
@@ -131,6 +131,16 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
     grade = Grade(side=request.side, success=success, abstained=verdict.abstained, committed=facts["committed"],
                   grounded=facts["grounded"], quote=verdict.quote, failures=facts["failures"])
     return EpisodeRecord(**base, **trajectory, usage=tuple(usage + judge_usage), status="done", grade=grade)
+
+
+async def _judge(instruction: str, answer: str, ctx: Context, ledger: Ledger):
+    """The judge's verdict, asked again on a judge failure rather than re-running the episode."""
+    for attempt in range(ctx.max_infra_retries + 1):
+        try:
+            return await abstention_judge(instruction, answer, ctx.judge_model, ledger)
+        except InfrastructureError:
+            if attempt == ctx.max_infra_retries:
+                raise
 
 
 async def scorer(state: EvaluateState, runtime: Runtime[Context]) -> dict:

@@ -17,7 +17,8 @@ from state.records import JudgeVerdict, UsageRecord, content_hash
 
 
 def _squash(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip().casefold()
+    """Words only: a quote may differ from the response in spacing, punctuation and markup."""
+    return re.sub(r"[\W_]+", " ", text).strip().casefold()
 
 
 async def abstention_judge(instruction: str, response: str, model: str, ledger: Ledger) -> tuple[JudgeVerdict, list[UsageRecord]]:

@@ -1,0 +1,47 @@
+"""The abstention judge: structured verdicts with a quote checked against the response, cached."""
+
+import asyncio
+
+import pytest
+
+from roles import scripted
+from roles.abstention_judge import abstention_judge
+from roles.models import InfrastructureError
+from state.ledger import Ledger
+
+RESPONSE = "I can't issue the permit: the owner's authorization was **revoked** on 2026-03-12."
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    scripted.clear()
+    yield Ledger(tmp_path / "ledger.db")
+    scripted.clear()
+
+
+
+def test_quote_may_differ_in_markup_and_verdict_is_cached(ledger):
+    scripted.register("judge", [{"abstained": True, "scope": "all", "quote": "the owner's authorization was revoked", "reason": "declines"}])
+    verdict, usage = asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
+    assert (verdict.abstained, verdict.scope, len(usage)) == (True, "all", 1)
+    again, usage = asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
+    assert again == verdict and usage == []
+    scripted.assert_consumed()
+
+
+def test_invented_quote_is_asked_again_then_an_infrastructure_error(ledger):
+    invented = {"abstained": True, "scope": "all", "quote": "I refuse to help", "reason": "declines"}
+    scripted.register("judge", [invented, invented])
+    with pytest.raises(InfrastructureError) as info:
+        asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
+    assert info.value.kind == "malformed"
+    scripted.assert_consumed()
+
+
+def test_inconsistent_verdict_is_rejected_and_empty_response_needs_no_judge(ledger):
+    scripted.register("judge", [{"abstained": True, "scope": "none", "quote": "I can't issue the permit", "reason": "?"},
+                                {"abstained": True, "scope": "part", "quote": "I can't issue the permit", "reason": "declines"}])
+    verdict, usage = asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
+    assert verdict.scope == "part" and len(usage) == 2
+    verdict, usage = asyncio.run(abstention_judge("Issue the permit.", "  ", "scripted:judge", ledger))
+    assert (verdict.abstained, usage) == (False, [])
