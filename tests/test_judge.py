@@ -19,7 +19,6 @@ def ledger(tmp_path):
     scripted.clear()
 
 
-
 def test_quote_may_differ_in_markup_and_verdict_is_cached(ledger):
     scripted.register("judge", [{"abstained": True, "scope": "all", "quote": "the owner's authorization was revoked", "reason": "declines"}])
     verdict, usage = asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
