@@ -100,7 +100,7 @@ def chat_model(
         try:
             retry_base_s = float(os.environ.get("HERA_RETRY_BASE_S", "1.0"))
         except ValueError:
-            raise ValueError(f"HERA_RETRY_BASE_S must be a number of seconds; got {os.environ['HERA_RETRY_BASE_S']!r}")
+            raise ValueError(f"HERA_RETRY_BASE_S must be a number of seconds; got {os.environ['HERA_RETRY_BASE_S']!r}") from None
     provider, _, name = spec.partition(":")
     reliability = {"timeout_s": timeout_s, "max_retries": max_retries, "retry_base_s": retry_base_s}
     if spec == "local":

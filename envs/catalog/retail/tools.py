@@ -310,7 +310,7 @@ def issue_refund(
         approval_id: A refund_over_limit approval, when the amount exceeds the staff member's limit.
     """
     staff = _active_staff(db, staff_id)
-    order = one(db, "orders", order_id=order_id)
+    one(db, "orders", order_id=order_id)
     amount = _money(amount)
     if amount <= 0:
         raise ToolError("invalid_amount", "The refund amount must be positive.")
