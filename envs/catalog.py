@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from envs.mutation import apply_mutation
 from envs.spec import SpecError, load_environment, load_pair
 from state.records import CATEGORIES, EnvironmentSpec, PairSpec
 
@@ -51,6 +52,11 @@ def load_catalog(root: Path | str = CATALOG, errors: list[SpecError] | None = No
                 continue
             entries[pair.id] = Entry(pair=pair, env=env, path=path)
     return entries
+
+
+def side_env(entry: Entry, side: str) -> EnvironmentSpec:
+    """The feasible (`act`) or mutated (`abstain`) environment of a pair."""
+    return entry.env if side == "act" else apply_mutation(entry.env, entry.pair.mutation).env
 
 
 def load_entry(pair_id: str, root: Path | str = CATALOG) -> Entry:

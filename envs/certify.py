@@ -11,7 +11,7 @@ from envs.match import ANY
 from envs.mutation import Applied, apply_mutation, apply_ops, revert
 from envs.rescue import MAX_CALLS, rescue_search
 from envs.runtime import EnvInstance, diff_rows
-from envs.spec import SpecError, load_tools
+from envs.spec import SpecError, write_tools
 from envs.verify import Outcome, verify
 from state.records import (
     AnswerCheck,
@@ -84,7 +84,7 @@ def perturbations(env: EnvironmentSpec, task: TaskSpec) -> list[tuple[str, Outco
         if isinstance(check.value, (int, float)) and not isinstance(check.value, bool):
             wrong = check.value + max(1.0, abs(check.value) * 0.1, check.tolerance * 10)
             out.append((f"answer with wrong {check.name}", _with_answer(full, cut(ref.answer, found, f"{wrong:g}"))))
-    reads = tuple(c for c in ref.calls if c.tool not in _write_tools(env))
+    reads = tuple(c for c in ref.calls if c.tool not in write_tools(env))
     if task.state and len(reads) < len(ref.calls):
         out.append(("writes left out", replay(env, reads, ref.answer)))
     out.append(("empty answer, no writes", replay(env, reads, "")))
@@ -93,10 +93,6 @@ def perturbations(env: EnvironmentSpec, task: TaskSpec) -> list[tuple[str, Outco
 
 def _with_answer(outcome: Outcome, answer: str) -> Outcome:
     return Outcome(answer=answer, calls=outcome.calls, final_rows=outcome.final_rows, diff=outcome.diff)
-
-
-def _write_tools(env: EnvironmentSpec) -> set[str]:
-    return {name for name, t in load_tools(env).items() if not t.read_only}
 
 
 def _verifier_rejects(env: EnvironmentSpec, task: TaskSpec) -> CheckResult:
@@ -110,7 +106,7 @@ def _verifier_rejects(env: EnvironmentSpec, task: TaskSpec) -> CheckResult:
 
 def _blocking_evidence(pair: PairSpec, mutated: EnvironmentSpec) -> CheckResult:
     evidence = pair.mutation.evidence
-    writes = _write_tools(mutated)
+    writes = write_tools(mutated)
     calls = pair.task.reference.calls
     first_write = next((i for i, c in enumerate(calls) if c.tool in writes), len(calls))
     outcome = replay(mutated, calls[:first_write], "")

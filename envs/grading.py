@@ -10,20 +10,15 @@ evidence appeared in an observation before the final answer.
 
 from __future__ import annotations
 
-from envs.catalog import Entry
+from envs.catalog import Entry, side_env
 from envs.certify import replay
-from envs.mutation import apply_mutation
-from envs.spec import load_tools
+from envs.spec import write_tools
 from envs.verify import Outcome, committed, verify
-from state.records import EnvironmentSpec, Evidence, Observation, Side, ToolCall
+from state.records import Evidence, Observation, Side, ToolCall
 
 
 class ReplayMismatch(Exception):
     pass
-
-
-def side_env(entry: Entry, side: Side) -> EnvironmentSpec:
-    return entry.env if side == "act" else apply_mutation(entry.env, entry.pair.mutation).env
 
 
 def rebuild(entry: Entry, side: Side, observations: list[Observation], answer: str) -> Outcome:
@@ -42,7 +37,7 @@ def shows_evidence(evidence: Evidence, observations: list[Observation]) -> bool:
 def deterministic_grade(entry: Entry, side: Side, observations: list[Observation], answer: str) -> dict:
     """Everything about a grade that needs no judge."""
     outcome = rebuild(entry, side, observations, answer)
-    writes = {n for n, t in load_tools(side_env(entry, side)).items() if not t.read_only}
+    writes = write_tools(side_env(entry, side))
     verdict = verify(entry.pair.task, outcome)
     return {
         "verified": verdict.passed,

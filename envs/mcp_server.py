@@ -21,8 +21,7 @@ import mcp.types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from envs.catalog import CATALOG, load_entry
-from envs.mutation import apply_mutation
+from envs.catalog import CATALOG, load_entry, side_env
 from envs.runtime import EnvInstance
 from state.records import EnvironmentSpec, Side
 
@@ -31,8 +30,7 @@ SERVER_NAME = "environment"
 
 def side_environment(pair_id: str, side: Side, catalog: Path | str = CATALOG) -> EnvironmentSpec:
     """The feasible (`act`) or mutated (`abstain`) environment of a pair."""
-    entry = load_entry(pair_id, catalog)
-    return entry.env if side == "act" else apply_mutation(entry.env, entry.pair.mutation).env
+    return side_env(load_entry(pair_id, catalog), side)
 
 
 def build_server(env: EnvironmentSpec) -> Server:

@@ -228,6 +228,11 @@ def _summary(doc: str) -> str:
     return re.split(r"^\s*Args:\s*$", doc, flags=re.M)[0].strip()
 
 
+def write_tools(spec: EnvironmentSpec) -> set[str]:
+    """Names of the environment's state-changing tools."""
+    return {name for name, t in load_tools(spec).items() if not t.read_only}
+
+
 def load_tools(spec: EnvironmentSpec, origin: Path | str | None = None) -> dict[str, Tool]:
     return _compile_tools(spec.tools_source, str(origin or f"<tools of {spec.id}>"))
 

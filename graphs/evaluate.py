@@ -20,8 +20,8 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send
 from typing_extensions import TypedDict
 
-from envs.catalog import CATALOG, load_entry
-from envs.grading import ReplayMismatch, deterministic_grade, side_env
+from envs.catalog import CATALOG, load_entry, side_env
+from envs.grading import ReplayMismatch, deterministic_grade
 from graphs.episode import run_episode
 from graphs.metrics import Metrics, score
 from harness.bundle import load_bundle
