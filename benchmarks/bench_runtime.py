@@ -75,17 +75,17 @@ async def throughput(concurrency: int, latency_s: float, turns: int, waves: int,
     scripted.register("judge", [judge] * episodes)
     ctx = Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES),
                   ledger=str(tmp / f"ledger-{concurrency}.db"))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     # both sides of the pair, so trials × 2 = episodes
     _, metrics = await api.evaluate("H0", [PAIR], ctx, trials=episodes // 2, concurrency=concurrency)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     if not metrics.complete:
         raise SystemExit(f"concurrency {concurrency}: only {metrics.finished}/{metrics.planned} episodes finished "
                          "without an infrastructure error; the benchmark measures only clean runs")
     ideal = concurrency / (turns * latency_s)
     actual = metrics.finished / wall
     return {"concurrency": concurrency, "episodes": metrics.finished, "wall_s": wall, "eps_per_s": actual,
-            "ideal_eps_per_s": ideal, "of_ideal_pct": 100 * actual / ideal}
+            "ideal_eps_per_s": ideal, "of_ideal_pct": 100 * actual / ideal, "cpu_ms_per_episode": 1e3 * cpu / metrics.finished}
 
 
 def main() -> None:
@@ -110,11 +110,11 @@ def main() -> None:
     console.print(f"per turn: bare model call {o['bare_call_ms']:.1f} ms, runtime turn {o['runtime_turn_ms']:.1f} ms "
                   f"→ overhead {o['overhead_pct']:.2f}% (goal < 2%)")
     table = Table(title=f"episodes/s, {args.turns} turns × {args.latency_ms:.0f} ms model latency")
-    for col in ("concurrency", "episodes", "wall s", "episodes/s", "ideal", "% of ideal"):
+    for col in ("concurrency", "episodes", "wall s", "episodes/s", "ideal", "% of ideal", "CPU ms/episode"):
         table.add_column(col, justify="right")
     for t in result["throughput"]:
         table.add_row(str(t["concurrency"]), str(t["episodes"]), f"{t['wall_s']:.1f}", f"{t['eps_per_s']:.2f}",
-                      f"{t['ideal_eps_per_s']:.2f}", f"{t['of_ideal_pct']:.1f}")
+                      f"{t['ideal_eps_per_s']:.2f}", f"{t['of_ideal_pct']:.1f}", f"{t['cpu_ms_per_episode']:.1f}")
     console.print(table)
 
 

@@ -1,9 +1,12 @@
-"""Serve one environment instance over MCP (stdio).
+"""Serve an environment's tools over MCP: stdio, or memory streams in process.
 
 The server exposes the environment's public tools and nothing else: no
 resources, no prompts, no server instructions, a neutral server name. The
 pair's acceptance rules, mutation, label and certification stay inside this
-process; each process is one episode with its own fresh state.
+process. Every connection gets its own fresh instance of the environment
+(the server's lifespan), so one server per environment hash serves any
+number of episodes, over stdio (one process per episode) or, in process,
+over memory streams.
 
     python -m envs.mcp_server PAIR --side act|abstain [--catalog DIR]
 """
@@ -14,18 +17,27 @@ import argparse
 import asyncio
 import sys
 import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mcp.types as types
+import anyio
+from mcp import ClientSession, types
 from mcp.server.lowlevel import Server
+from mcp.server.models import InitializationOptions
 from mcp.server.stdio import stdio_server
+from mcp.shared.memory import create_client_server_memory_streams
 
 from envs.catalog import CATALOG, load_entry, side_env
 from envs.runtime import EnvInstance
+from envs.spec import load_tools
 from state.records import EnvironmentSpec, Side
 
 SERVER_NAME = "environment"
+MAX_SERVERS = 256
 
 
 def side_environment(pair_id: str, side: Side, catalog: Path | str = CATALOG) -> EnvironmentSpec:
@@ -33,33 +45,80 @@ def side_environment(pair_id: str, side: Side, catalog: Path | str = CATALOG) ->
     return side_env(load_entry(pair_id, catalog), side)
 
 
+@dataclass
+class _Connection:
+    """One client's environment instance; its calls run one at a time."""
+
+    instance: EnvInstance
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def call(self, name: str, arguments: dict[str, Any]):
+        with self.lock:
+            return self.instance.call(name, arguments)
+
+
 def build_server(env: EnvironmentSpec) -> Server:
-    instance = EnvInstance(env)
-    lock = threading.Lock()
-    server: Server = Server(SERVER_NAME)
+    """A server for one environment; each connection (`Server.run`) gets a fresh instance."""
+    listed = [
+        types.Tool(
+            name=t.info.name,
+            description=t.info.description,
+            inputSchema=t.info.input_schema,
+            annotations=types.ToolAnnotations(readOnlyHint=t.read_only),
+        )
+        for t in load_tools(env).values()
+    ]
+
+    @asynccontextmanager
+    async def connection_state(_: Server) -> AsyncIterator[_Connection]:
+        # Not closed here: a call still running in its thread holds the
+        # instance, which is freed when the last reference goes.
+        yield _Connection(await asyncio.to_thread(EnvInstance, env))
+
+    server: Server = Server(SERVER_NAME, lifespan=connection_state)
 
     @server.list_tools()
     async def list_tools() -> list[types.Tool]:
-        return [
-            types.Tool(
-                name=t.name,
-                description=t.description,
-                inputSchema=t.input_schema,
-                annotations=types.ToolAnnotations(readOnlyHint=t.read_only),
-            )
-            for t in instance.public_tools
-        ]
-
-    def run(name: str, arguments: dict[str, Any]):
-        with lock:
-            return instance.call(name, arguments)
+        return listed
 
     @server.call_tool(validate_input=False)
     async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        obs = await asyncio.to_thread(run, name, arguments or {})
+        conn: _Connection = server.request_context.lifespan_context
+        obs = await asyncio.to_thread(conn.call, name, arguments or {})
         return types.CallToolResult(content=[types.TextContent(type="text", text=obs.text)], isError=not obs.ok)
 
     return server
+
+
+_servers: OrderedDict[str, tuple[Server, InitializationOptions]] = OrderedDict()
+
+
+def shared_server(env: EnvironmentSpec) -> tuple[Server, InitializationOptions]:
+    """The server of an environment hash and its initialization options, built
+    once: both are pure functions of the environment, and state lives per connection."""
+    if env.hash in _servers:
+        _servers.move_to_end(env.hash)
+        return _servers[env.hash]
+    server = build_server(env)
+    _servers[env.hash] = server, server.create_initialization_options()
+    if len(_servers) > MAX_SERVERS:
+        _servers.popitem(last=False)
+    return _servers[env.hash]
+
+
+@asynccontextmanager
+async def memory_session(env: EnvironmentSpec) -> AsyncIterator[ClientSession]:
+    """An initialized MCP client session on a fresh instance of `env`, served in
+    this process over memory streams."""
+    server, options = shared_server(env)
+    async with create_client_server_memory_streams() as (client, served), anyio.create_task_group() as tg:
+        tg.start_soon(server.run, *served, options)
+        try:
+            async with ClientSession(*client) as session:
+                await session.initialize()
+                yield session
+        finally:
+            tg.cancel_scope.cancel()
 
 
 async def serve_stdio(env: EnvironmentSpec) -> None:

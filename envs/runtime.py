@@ -28,6 +28,7 @@ _template_lock = threading.RLock()
 
 
 _templates: dict[str, sqlite3.Connection] = {}
+_initial_rows: dict[str, dict[str, list[dict]]] = {}
 
 
 def _template(spec: EnvironmentSpec) -> sqlite3.Connection:
@@ -60,9 +61,21 @@ def build_database(spec: EnvironmentSpec) -> sqlite3.Connection:
     return conn
 
 
+def initial_rows(spec: EnvironmentSpec) -> dict[str, list[dict]]:
+    """The template's rows, read once per environment hash; callers must not modify them."""
+    with _template_lock:
+        if spec.hash not in _initial_rows:
+            _initial_rows[spec.hash] = snapshot(_template(spec), spec)
+        return _initial_rows[spec.hash]
+
+
 def snapshot(conn: sqlite3.Connection, spec: EnvironmentSpec) -> dict[str, list[dict]]:
-    db = sqlite_utils.Database(conn)
-    return {t.name: list(db[t.name].rows_where(order_by=t.primary_key)) for t in spec.tables}
+    return {t.name: _rows(conn.execute(f"select * from [{t.name}] order by [{t.primary_key}]")) for t in spec.tables}
+
+
+def _rows(cursor: sqlite3.Cursor) -> list[dict]:
+    names = [c[0] for c in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
 def diff_rows(spec: EnvironmentSpec, before: dict[str, Any], after: dict[str, Any]) -> StateDiff:
@@ -163,9 +176,7 @@ class EnvInstance:
         return snapshot(self.conn, self.spec)
 
     def diff(self) -> StateDiff:
-        with _template_lock:
-            initial = snapshot(_template(self.spec), self.spec)
-        return diff_rows(self.spec, initial, self.rows())
+        return diff_rows(self.spec, initial_rows(self.spec), self.rows())
 
     def close(self) -> None:
         self.conn.close()

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import itertools
 import secrets
 from concurrent.futures import ThreadPoolExecutor
@@ -19,14 +20,17 @@ from envs.catalog import CATALOG, load_catalog
 from graphs import evaluate as evaluate_graph
 from graphs.metrics import Metrics
 from state.context import Context
-from state.ledger import runs_dir
+from harness.bundle import load_bundle
+from state.ledger import Ledger, runs_dir
 from state.records import EpisodeRecord
 
 
 # The record types our checkpoints carry, allowed by name when read back.
 SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
     ("state.records", name) for name in ("EpisodeRecord", "EpisodeKey", "Grade", "Observation", "UsageRecord", "Certification", "CheckResult")
-] + [("state.context", "EpisodeRequest"), ("graphs.metrics", "Metrics")])
+] + [("state.evolution", name) for name in ("FailureRecord", "FailureGroup", "Diagnosis", "ProposedChange", "Skill",
+                                            "ModificationSpec", "ComponentChoice", "LineageEntry")
+] + [("state.context", "EpisodeRequest"), ("graphs.metrics", "Metrics"), ("graphs.fdcr", "Turn")])
 
 
 def new_run_id() -> str:
@@ -65,6 +69,8 @@ async def evaluate(
         config = {"configurable": {"thread_id": run_id}, "max_concurrency": concurrency, "recursion_limit": 100}
         previous = await graph.aget_state(config)
         payload = None if previous.next else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials, "seed": seed}
+        if payload:
+            _check_same_run(run_id, payload, context)
         async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="sync"):
             for node, value in update.items():
                 if node == "episode_worker" and on_episode and value:
@@ -72,3 +78,62 @@ async def evaluate(
                         on_episode(record)
         final = await graph.aget_state(config)
     return run_id, final.values["metrics"]
+
+
+def recorded_run(run_id: str, context: Context) -> dict | None:
+    """What a recorded evaluation run evaluated: bundle, pair_ids, trials, seed; None for an unknown run."""
+    run = Ledger(context.ledger).run(run_id)
+    if run is None or not run.get("pairs"):
+        return None
+    return {"bundle": run.get("bundle_ref") or run["bundle"], "pair_ids": json.loads(run["pairs"]),
+            "trials": run.get("trials"), "seed": run.get("seed") or 0}
+
+
+def _check_same_run(run_id: str, payload: dict, context: Context) -> None:
+    """A run id names one evaluation: resuming it with other pairs, bundle or trials is refused, not silently merged."""
+    recorded = recorded_run(run_id, context)
+    if recorded is None:
+        return
+    differs = [k for k, v in recorded.items() if v is not None and payload[k] != v and not (k == "bundle" and load_bundle(payload[k]).hash == load_bundle(v).hash)]
+    if differs:
+        raise ValueError(f"run {run_id} evaluated " + ", ".join(f"{k}={recorded[k]!r}" for k in differs)
+                         + "; resume it with the same settings (omit them to reuse the recorded ones) or start a new run")
+
+
+async def evolve_harness(
+    base: str,
+    pool: list[str],
+    validation: list[str],
+    context: Context,
+    *,
+    candidates: int = 4,
+    mode: str = "fdcr",
+    channel: str = "structured",
+    rounds: int = 2,
+    rule: str = "hera",
+    run_id: str | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+) -> tuple[str, dict]:
+    """Runs (or resumes) one harness-evolution block; the run id and its final state (lineage, selected)."""
+    from graphs import harness_evolution
+
+    run_id = run_id or new_run_id()
+    runs_dir().mkdir(parents=True, exist_ok=True)
+    async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / "evolution.db")) as saver:
+        saver.serde = SERDE
+        graph = harness_evolution.builder.compile(checkpointer=saver, name="harness_evolution")
+        config = {"configurable": {"thread_id": run_id}, "recursion_limit": 50 + 10 * candidates}
+        previous = await graph.aget_state(config)
+        payload = None if previous.next else {
+            "run_id": run_id, "base": base, "pool": pool, "validation": validation, "candidates": candidates,
+            "mode": mode, "channel": channel, "rounds": rounds, "rule": rule}
+        async for kind, value in graph.astream(payload, config, context=context, stream_mode=["updates", "custom"], durability="sync"):
+            if on_event is None:
+                continue
+            if kind == "custom":
+                on_event("episode", value)
+            else:
+                for node, update in value.items():
+                    on_event(node, update or {})
+        final = await graph.aget_state(config)
+    return run_id, final.values

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.tree import Tree
 
 from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog, load_entry
 from envs.certify import certify
@@ -29,7 +30,9 @@ from envs.spec import SpecError
 from graphs import api
 from graphs.api import split_pairs
 from graphs.metrics import Metrics
+from harness.bundle import bundle_diff
 from state.context import Context
+from state.evolution import LineageEntry
 from state.ledger import Ledger
 from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 
@@ -199,6 +202,12 @@ def envs_serve(args: argparse.Namespace) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     catalog = args.catalog
+    recorded = api.recorded_run(args.run_id, Context(ledger=args.ledger)) if args.run_id else None
+    if recorded:  # resuming: what the run evaluated, unless given again
+        args.pairs = args.pairs or recorded["pair_ids"]
+        args.harness = args.harness or recorded["bundle"]
+        args.trials, args.seed = args.trials or recorded["trials"], args.seed if args.seed is not None else recorded["seed"]
+    args.harness, args.trials, args.seed = args.harness or "H0", args.trials or 1, args.seed or 0
     pair_ids = args.pairs or split_pairs(args.split, catalog)
     if args.limit:
         pair_ids = pair_ids[: args.limit]
@@ -344,6 +353,91 @@ def _trajectory(record: EpisodeRecord) -> list[str]:
     return lines
 
 
+def evolve_harness(args: argparse.Namespace) -> int:
+    pool = args.pool_pairs or split_pairs(args.pool, args.catalog)[: args.pool_size]
+    validation = args.val_pairs or split_pairs(args.val, args.catalog)[: args.val_size]
+    if not pool or not validation:
+        raise UsageError("the training pool and the validation set both need pairs")
+    if set(pool) & set(validation):
+        raise UsageError(f"pairs in both the pool and the validation set: {sorted(set(pool) & set(validation))}")
+    for pair_id in pool + validation:
+        _entry(args, pair_id)
+    context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.analyst_model or args.model,
+                      optimizer_model=args.optimizer_model or args.model, catalog=args.catalog, ledger=args.ledger)
+    per_eval = 2 * (len(pool) + len(validation))
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task("evaluating the starting harness", total=per_eval * (args.candidates + 1))
+
+        def on_event(node: str, value: dict) -> None:
+            if node == "episode":
+                mark = "✓" if value["success"] else ("!" if value["status"] != "done" else "✗")
+                progress.update(bar, advance=1, description=f"{value['bundle']}  {value['episode']}/{value['side']} {mark}")
+            elif node == "bundle_checks":
+                for entry in value.get("lineage", {}).values():
+                    if entry.problems:
+                        progress.update(bar, advance=per_eval)
+                        console.print(f"[yellow]{entry.bundle_id} rejected:[/] {escape('; '.join(entry.problems))}")
+            elif node in ("failure_analyst", "fdcr", "harness_optimizer"):
+                progress.update(bar, description=f"{node} done")
+
+        try:
+            run_id, final = asyncio.run(api.evolve_harness(
+                args.base, pool, validation, context, candidates=args.candidates, mode=args.mode, channel=args.channel,
+                rounds=args.rounds, rule=args.rule, run_id=args.run_id, on_event=on_event))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    lineage = list(final.get("lineage", {}).values())
+    if args.json:
+        print(json.dumps({"run_id": run_id, "selected": final.get("selected"), "lineage": [e.model_dump() for e in lineage]}, indent=1, default=str))
+    else:
+        console.print(lineage_tree(run_id, lineage))
+        console.print(f"selected: {final.get('selected')}")
+    return 0 if final.get("selected") else 1
+
+
+def lineage_tree(run_id: str, entries: list[LineageEntry]) -> Tree:
+    tree = Tree(f"lineage of {run_id}")
+    nodes: dict[str | None, Tree] = {None: tree}
+    for e in entries:
+        scores = "  ".join(f"{name} " + " ".join(f"{k.title()} {_score(m, k)}" for k in ("abstain", "pair"))
+                           for name, m in (("train", e.train), ("val", e.validation)) if m)
+        mark = "[green]adopted[/]" if e.adopted else "[dim]not adopted[/]"
+        label = f"[bold]{e.bundle_id}[/] {mark}  {scores}"
+        if e.problems:
+            label += f"\n  [red]rejected:[/] {escape('; '.join(e.problems))[:300]}"
+        elif e.reason:
+            label += f"\n  {escape(e.reason)[:300]}"
+        tokens = sum(u.input_tokens + u.output_tokens for u in e.usage)
+        if e.usage:
+            edits = sum(u.role == "harness_optimizer" for u in e.usage)
+            label += f"\n  built by {len(e.usage)} model calls ({edits} coding-agent), {tokens:,} tokens, {e.build_s:.0f} s"
+        nodes[e.id] = nodes.get(e.parent_id, tree).add(label)
+    return tree
+
+
+def lineage_show(args: argparse.Namespace) -> int:
+    ledger = Ledger(args.ledger)
+    entries = ledger.lineage(args.run_id)
+    if args.json:
+        print(json.dumps([e.model_dump() for e in entries], indent=1, default=str))
+        return 0
+    for run_id in dict.fromkeys(e.run_id for e in entries):
+        console.print(lineage_tree(run_id, [e for e in entries if e.run_id == run_id]))
+    if not entries:
+        console.print("no lineage recorded" + (f" for {args.run_id}" if args.run_id else ""))
+    return 0
+
+
+def diff_bundles(args: argparse.Namespace) -> int:
+    paths = {e.id: e.path for e in Ledger(args.ledger).lineage()}
+    try:
+        diff = bundle_diff(paths.get(args.a, args.a), paths.get(args.b, args.b))
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
+    print(diff, end="")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hera", description="Harness–environment co-evolution for agentic abstention.")
     p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one)")
@@ -370,17 +464,17 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--side", choices=["act", "abstain"], required=True)
     serve.set_defaults(run=envs_serve)
     ev = top.add_parser("eval", help="run a harness on both sides of pairs and score it")
-    ev.add_argument("--harness", default="H0", help="bundle name or directory (default H0)")
+    ev.add_argument("--harness", help="bundle name or directory (default H0)")
     ev.add_argument("--split", default="bench", choices=["train", "validation", "bench"])
     ev.add_argument("--pairs", nargs="*", help="pair ids (default: the whole split)")
     ev.add_argument("--limit", type=int, help="only the first N pairs")
     ev.add_argument("--model", default="local", help="local | openai:<model> | scripted:<name>")
     ev.add_argument("--judge-model", help="model of the abstention judge (default: --model)")
-    ev.add_argument("--trials", type=int, default=1)
-    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--trials", type=int, help="trials per pair and side (default 1)")
+    ev.add_argument("--seed", type=int)
     ev.add_argument("--concurrency", type=int, default=1)
     ev.add_argument("--retries", type=int, default=2, help="re-runs of an episode after an infrastructure error")
-    ev.add_argument("--run-id", help="resume this run")
+    ev.add_argument("--run-id", help="resume this run (its recorded harness, pairs, trials and seed)")
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(run=run_eval)
     runs = top.add_parser("runs", help="evaluation runs").add_subparsers(dest="runs_command", required=True)
@@ -396,6 +490,35 @@ def parser() -> argparse.ArgumentParser:
     es.add_argument("episode")
     es.add_argument("--json", action="store_true")
     es.set_defaults(run=episode_show)
+    evo = top.add_parser("evolve-harness", help="one block of harness evolution: failures → review → coding agent → checks → selection")
+    evo.add_argument("--base", default="H0", help="starting bundle (default H0)")
+    evo.add_argument("--pool", default="train", choices=["train", "validation", "bench"], help="split of the training pool")
+    evo.add_argument("--val", default="validation", choices=["train", "validation", "bench"], help="split of the validation set")
+    evo.add_argument("--pool-size", type=int, default=None, help="only the first N pool pairs")
+    evo.add_argument("--val-size", type=int, default=None, help="only the first N validation pairs")
+    evo.add_argument("--pool-pairs", nargs="*", help="explicit pool pair ids")
+    evo.add_argument("--val-pairs", nargs="*", help="explicit validation pair ids")
+    evo.add_argument("--candidates", type=int, default=4)
+    evo.add_argument("--mode", default="fdcr", choices=["fdcr", "aggregate", "serial"])
+    evo.add_argument("--channel", default="structured", choices=["structured", "code"],
+                     help="structured edits (small models) or free code edits with file tools (stronger endpoints)")
+    evo.add_argument("--rounds", type=int, default=2, help="FDCR review rounds")
+    evo.add_argument("--rule", default="hera", choices=["hera", "ecdysis"], help="selection rule")
+    evo.add_argument("--model", default="local")
+    evo.add_argument("--judge-model")
+    evo.add_argument("--analyst-model", help="failure analyst and review roles (default: --model)")
+    evo.add_argument("--optimizer-model", help="the coding agent (default: --model)")
+    evo.add_argument("--run-id", help="resume this run")
+    evo.add_argument("--json", action="store_true")
+    evo.set_defaults(run=evolve_harness)
+    lin = top.add_parser("lineage", help="the lineage tree of harness evolution runs, with scores")
+    lin.add_argument("run_id", nargs="?", metavar="RUN")
+    lin.add_argument("--json", action="store_true")
+    lin.set_defaults(run=lineage_show)
+    df = top.add_parser("diff", help="the diff between two bundles (directories, built-in names or lineage ids)")
+    df.add_argument("a")
+    df.add_argument("b")
+    df.set_defaults(run=diff_bundles)
     return p
 
 

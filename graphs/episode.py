@@ -25,28 +25,29 @@ from typing import Annotated, AsyncIterator, Literal
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.shared.memory import create_connected_server_and_client_session
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 from typing_extensions import TypedDict
 
-from envs.catalog import CATALOG, load_entry
-from envs.mcp_server import build_server, connection, side_environment
+from envs.catalog import CATALOG, Entry, load_entry, side_env
+from envs.mcp_server import connection, memory_session
 from harness.abi import BaseHarness, EpisodeView, ToolRequest
 from harness.bundle import load_bundle
+from harness.remote import HookError, SandboxedHarness
 from roles.models import ChatModel, InfrastructureError, chat_model
 from state.context import Context, EpisodeRequest
 from state.records import Observation, ToolInfo, UsageRecord
 
-Termination = Literal["final_answer", "turn_limit", "infrastructure_error"]
+Termination = Literal["final_answer", "turn_limit", "infrastructure_error", "harness_error"]
 
 
 @dataclass
 class Live:
-    """What an episode holds open between nodes: the MCP session opened by
-    `run_episode`, and the harness, view and model made by `setup`."""
+    """What an episode holds open between nodes: the pair and the MCP session
+    opened by `run_episode`, and the harness, view and model made by `setup`."""
 
+    entry: Entry
     session: ClientSession
     harness: BaseHarness | None = None
     view: EpisodeView | None = None
@@ -97,12 +98,12 @@ def public_context(entry) -> str:
     return "\n\n".join(p.strip() for p in parts if p and p.strip())
 
 
-async def setup(state: EpisodeState, runtime: Runtime[Context]) -> dict:
+async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "__end__"]]:
     """Opens the episode's environment and harness; writes `messages`, `turns`, `harness_hash`."""
     request, ctx = state["request"], runtime.context
-    entry = await asyncio.to_thread(load_entry, request.pair_id, ctx.catalog or str(CATALOG))
-    bundle = await asyncio.to_thread(load_bundle, request.bundle)
     live = LIVE[state["episode_id"]]
+    entry = live.entry
+    bundle = await asyncio.to_thread(load_bundle, request.bundle)
     listed = (await live.session.list_tools()).tools
     tools = [
         ToolInfo(name=t.name, description=t.description or "", input_schema=t.inputSchema,
@@ -119,21 +120,29 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> dict:
 
     view = EpisodeView(instruction=entry.pair.task.instruction.strip(), context=public_context(entry), tools=tools,
                        config=bundle.config, prompts=bundle.prompts, skills=bundle.skills, ask=ask)
-    harness = bundle.harness()
+    # Only a built-in bundle's code runs in this process; a candidate's runs in the sandbox.
+    harness = bundle.harness() if bundle.trusted else SandboxedHarness(bundle)
     live.harness, live.view, live.model = harness, view, model
     live.read_only = {t.name: t.read_only for t in tools}
-    await _hook(harness.initialize, view)
-    system = await _hook(harness.compose_instructions, view)
-    return {"messages": [SystemMessage(system), HumanMessage(view.instruction)], "turns": 0,
-            "harness_hash": bundle.hash, "usage": live.drain_usage()}
+    try:
+        await _hook(harness.initialize, view)
+        system = await _hook(harness.compose_instructions, view)
+    except HookError as exc:
+        return _harness_error(exc, messages=[], turns=0, harness_hash=bundle.hash, usage=live.drain_usage())
+    return Command(goto="agent", update={"messages": [SystemMessage(system), HumanMessage(view.instruction)], "turns": 0,
+                                         "harness_hash": bundle.hash, "usage": live.drain_usage()})
 
 
 async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["tools", "finalizer", "__end__"]]:
     """One model turn; routes to `tools` on tool calls, else to `finalizer`; writes `messages`, `usage`, `turns`."""
     live = LIVE[state["episode_id"]]
-    messages = await _hook(live.harness.prepare_turn, live.view, list(state["messages"]))
     try:
-        done = await live.model.complete(messages, live.view.tools, max_tokens=live.view.config.max_output_tokens)
+        messages = await _hook(live.harness.prepare_turn, live.view, list(state["messages"]))
+    except HookError as exc:
+        return _harness_error(exc, usage=live.drain_usage())
+    try:
+        done = await live.model.complete(messages, live.view.tools, max_tokens=live.view.config.max_output_tokens,
+                                         temperature=live.view.config.temperature)
     except InfrastructureError as exc:
         return Command(goto=END, update={"termination": "infrastructure_error", "error": f"{exc.kind}: {exc}"})
     turns = state["turns"] + 1
@@ -145,7 +154,7 @@ async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     return Command(goto="finalizer", update=update)
 
 
-async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent"]]:
+async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "__end__"]]:
     """Runs the last turn's tool calls through the harness; writes `messages`, `observations`."""
     live = LIVE[state["episode_id"]]
     last: AIMessage = state["messages"][-1]
@@ -157,7 +166,10 @@ async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
         if replan is not None:
             replies.append(ToolMessage("Not run.", tool_call_id=request.id))
             continue
-        decision = await _hook(live.harness.before_tool_call, live.view, request)
+        try:
+            decision = await _hook(live.harness.before_tool_call, live.view, request)
+        except HookError as exc:
+            return _harness_error(exc, messages=replies, observations=observations, usage=live.drain_usage())
         if decision.action != "allow":
             replies.append(ToolMessage(decision.message or "Blocked by the harness.", tool_call_id=request.id))
             if decision.action == "replan":
@@ -166,7 +178,10 @@ async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
         obs = await _call_tool(live, request)
         observations.append(obs)
         live.view.observations.append(obs)
-        guidance = await _hook(live.harness.after_tool_result, live.view, request, obs)
+        try:
+            guidance = await _hook(live.harness.after_tool_result, live.view, request, obs)
+        except HookError as exc:
+            return _harness_error(exc, messages=replies, observations=observations, usage=live.drain_usage())
         replies.append(ToolMessage(obs.text + (f"\n\n{guidance}" if guidance else ""), tool_call_id=request.id))
     if replan:
         replies.append(HumanMessage(replan))
@@ -192,13 +207,21 @@ async def finalizer(state: EpisodeState, runtime: Runtime[Context]) -> Command[L
     """Lets the harness accept, replace, abstain on or revise the answer; writes `answer`, `termination`."""
     live = LIVE[state["episode_id"]]
     answer = _text(state["messages"][-1])
-    final = await _hook(live.harness.finalize, live.view, answer)
+    try:
+        final = await _hook(live.harness.finalize, live.view, answer)
+    except HookError as exc:
+        return _harness_error(exc, usage=live.drain_usage())
     usage = live.drain_usage()
     if final.action == "revise" and state["turns"] < live.view.config.max_turns:
         return Command(goto="agent", update={"messages": [HumanMessage(final.text)], "usage": usage})
     if final.action in ("replace", "abstain"):
         answer = final.text
     return Command(goto=END, update={"answer": answer, "termination": "final_answer", "usage": usage})
+
+
+def _harness_error(exc: HookError, **update) -> Command:
+    """Ends the episode on a sandboxed hook's failure: the candidate's fault, so it is scored, not re-run."""
+    return Command(goto=END, update={**update, "termination": "harness_error", "error": str(exc), "answer": ""})
 
 
 def _text(message: BaseMessage) -> str:
@@ -215,7 +238,6 @@ def build_episode() -> StateGraph:
     builder.add_node(tools)
     builder.add_node(finalizer)
     builder.add_edge(START, "setup")
-    builder.add_edge("setup", "agent")
     return builder
 
 
@@ -224,27 +246,27 @@ graph = builder.compile(name="episode")
 
 
 @asynccontextmanager
-async def environment_session(pair_id: str, side: str, catalog: str, transport: str) -> AsyncIterator[ClientSession]:
+async def environment_session(entry: Entry, side: str, catalog: str, transport: str) -> AsyncIterator[ClientSession]:
     """An MCP client session on a fresh instance of one side of a pair: a
     server in this process over memory streams, or a server subprocess over stdio."""
     if transport == "memory":
-        server = build_server(await asyncio.to_thread(side_environment, pair_id, side, catalog))
-        async with create_connected_server_and_client_session(server) as session:
+        async with memory_session(side_env(entry, side)) as session:
             yield session
         return
-    conn = connection(pair_id, side, catalog)
+    conn = connection(entry.pair.id, side, catalog)
     params = StdioServerParameters(command=conn["command"], args=conn["args"], cwd=conn["cwd"])
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
 
 
-async def run_episode(request: EpisodeRequest, context: Context, episode_id: str) -> dict:
-    """Runs one episode to the end. The MCP session is opened and closed here,
-    in one task, around the graph run."""
+async def run_episode(request: EpisodeRequest, context: Context, episode_id: str, entry: Entry | None = None) -> dict:
+    """Runs one episode to the end. The pair is loaded (unless the caller has
+    it) and the MCP session opened and closed here, in one task, around the graph run."""
     catalog = context.catalog or str(CATALOG)
-    async with environment_session(request.pair_id, request.side, catalog, context.env_transport) as session:
-        LIVE[episode_id] = Live(session=session)
+    entry = entry or await asyncio.to_thread(load_entry, request.pair_id, catalog)
+    async with environment_session(entry, request.side, catalog, context.env_transport) as session:
+        LIVE[episode_id] = Live(entry=entry, session=session)
         run = graph.ainvoke({"request": request, "episode_id": episode_id}, context=context,
                             config={"recursion_limit": 4 * 64 + 10})
         try:
@@ -252,4 +274,6 @@ async def run_episode(request: EpisodeRequest, context: Context, episode_id: str
             # cache and must not become a checkpointed subgraph of an evaluation.
             return await asyncio.get_running_loop().create_task(run, context=contextvars.Context())
         finally:
-            del LIVE[episode_id]
+            live = LIVE.pop(episode_id)
+            if isinstance(live.harness, SandboxedHarness):
+                await live.harness.aclose()

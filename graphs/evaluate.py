@@ -20,8 +20,9 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send
 from typing_extensions import TypedDict
 
-from envs.catalog import CATALOG, load_entry, side_env
+from envs.catalog import CATALOG, Entry, load_entry, side_env
 from envs.grading import ReplayMismatch, deterministic_grade
+from envs.spec import SpecError
 from graphs.episode import run_episode
 from graphs.metrics import Metrics, score
 from harness.bundle import load_bundle
@@ -61,7 +62,7 @@ class EpisodeTask(TypedDict):
 
 async def planner(state: EvaluateState, runtime: Runtime[Context]) -> dict:
     """Rejects a bundle whose hooks fail the sandboxed check, or unknown pairs; records the run."""
-    problems = await asyncio.to_thread(check_bundle, state["bundle"])
+    problems = await asyncio.to_thread(_check, state["bundle"])
     if problems:
         raise ValueError("the bundle fails its checks: " + "; ".join(problems))
     catalog = runtime.context.catalog or str(CATALOG)
@@ -71,8 +72,27 @@ async def planner(state: EvaluateState, runtime: Runtime[Context]) -> dict:
     await asyncio.to_thread(
         Ledger(runtime.context.ledger).record_run, state["run_id"], bundle=bundle.id, harness_hash=bundle.hash,
         model=runtime.context.agent_model, judge=runtime.context.judge_model, pairs=state["pair_ids"], trials=state["trials"],
+        seed=state["seed"], bundle_ref=state["bundle"],
     )
     return {}
+
+
+_passed: set[str] = set()
+
+
+def _check(bundle: str) -> list[str]:
+    """The sandboxed check's problems, run once per bundle content in this
+    process: the hash covers every file of the bundle, so a pass stays a pass."""
+    try:
+        digest = load_bundle(bundle).hash
+    except SpecError:
+        return check_bundle(bundle)
+    if digest in _passed:
+        return []
+    problems = check_bundle(bundle)
+    if not problems:
+        _passed.add(digest)
+    return problems
 
 
 def fan_out_episodes(state: EvaluateState) -> list[Send]:
@@ -87,10 +107,7 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
     """Reuses or runs, grades and stores one episode; writes `results`."""
     ctx, request = runtime.context, task["request"]
     ledger = Ledger(ctx.ledger)
-    entry = await asyncio.to_thread(load_entry, request.pair_id, ctx.catalog or str(CATALOG))
-    key = EpisodeKey(harness_hash=load_bundle(request.bundle).hash, env_hash=side_env(entry, request.side).hash,
-                     task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial)
-    cached = await asyncio.to_thread(ledger.episode, key.id)
+    entry, key, cached = await asyncio.to_thread(_lookup, request, ctx, ledger)
     if cached is not None:
         await asyncio.to_thread(ledger.record_episode, task["run_id"], cached, True)
         return {"results": {key.id: cached}}
@@ -102,11 +119,19 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
     return {"results": {key.id: record}}
 
 
+def _lookup(request: EpisodeRequest, ctx: Context, ledger: Ledger) -> tuple[Entry, EpisodeKey, EpisodeRecord | None]:
+    """The pair, the rollout-cache key and the cached episode, in one trip off the event loop."""
+    entry = load_entry(request.pair_id, ctx.catalog or str(CATALOG))
+    key = EpisodeKey(harness_hash=load_bundle(request.bundle).hash, env_hash=side_env(entry, request.side).hash,
+                     task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial)
+    return entry, key, ledger.episode(key.id)
+
+
 async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger, episode_id: str) -> EpisodeRecord:
     base = {"key": key, "pair_id": request.pair_id, "bundle": request.bundle}
     start = time.perf_counter()
     try:
-        out = await run_episode(request, ctx, episode_id)
+        out = await run_episode(request, ctx, episode_id, entry)
     except Exception as exc:  # endpoint, MCP server or sandbox failure: recorded and re-run, never scored
         return EpisodeRecord(**base, status="infrastructure_error", error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
     trajectory = {

@@ -28,7 +28,7 @@ from state.records import Observation, Record, ToolInfo
 class HarnessConfig(Record):
     max_turns: int = 30
     max_output_tokens: int = 8192
-    temperature: float = 0.0
+    temperature: float | None = None  # None: the model's own default sampling
 
 
 class ToolRequest(Record):
@@ -73,7 +73,10 @@ class BaseHarness:
         return None
 
     def compose_instructions(self, view: EpisodeView) -> str:
-        return Template(view.prompts["system"]).substitute(context=view.context).strip()
+        system = Template(view.prompts["system"]).substitute(context=view.context).strip()
+        if view.skills:
+            system += "\n\nSkills:\n\n" + "\n\n".join(s.strip() for s in view.skills.values())
+        return system
 
     def prepare_turn(self, view: EpisodeView, messages: list[BaseMessage]) -> list[BaseMessage]:
         return messages

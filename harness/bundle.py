@@ -3,13 +3,20 @@
 A bundle is `manifest.yaml` (id, parent_id, origin, description),
 `config.yaml` (turn and token limits), `prompts/*.md` (`system.md` required,
 `string.Template` with `$context`), `hooks.py` (a `Harness` subclass of
-`BaseHarness`), and optional `skills/*.md`, `memory.yaml` and
-`subagents/*.yaml`. The content hash covers every file, so lineage entries
+`BaseHarness`), and optional `components.yaml` (generic control logic from
+`harness.components`, by name with parameters), `skills/*.md`, `memory.yaml`
+and `subagents/*.yaml`. The content hash covers every file, so lineage entries
 name exact versions.
+
+Only a built-in bundle (under `harness/bundles/`) is trusted: the code of any
+other is never run in this process. Loading it checks `hooks.py` statically;
+its hooks run in the sandbox (`harness.remote`), which checks the class itself.
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
 import inspect
 import types
 from functools import lru_cache
@@ -22,6 +29,8 @@ from pydantic import ValidationError
 
 from envs.spec import SpecError, files_signature, read_yaml
 from harness.abi import HOOKS, BaseHarness, HarnessConfig
+from harness.components import LIBRARY, Stack
+from state.evolution import ComponentChoice
 from state.records import Record, content_hash
 
 BUNDLES = Path(__file__).parent / "bundles"
@@ -45,13 +54,23 @@ class Bundle:
     subagents: dict[str, Any]
     hooks_source: str
     hash: str
+    components: tuple[ComponentChoice, ...] = ()
 
     @property
     def id(self) -> str:
         return self.manifest.id
 
+    @property
+    def trusted(self) -> bool:
+        """A built-in bundle, whose hooks may run in this process; any other
+        runs only in the sandbox (`harness.remote`)."""
+        return _trusted(self.path)
+
     def harness(self) -> BaseHarness:
-        return _harness_class(self.hooks_source, str(self.path / "hooks.py"))()
+        inner = _harness_class(self.hooks_source, str(self.path / "hooks.py"))()
+        if not self.components:
+            return inner
+        return Stack(inner, [LIBRARY[c.name](c.params) for c in self.components])
 
 
 def resolve_bundle(name: str | Path) -> Path:
@@ -86,7 +105,11 @@ def _load_bundle(path: Path, signature: tuple) -> Bundle:
     if not hooks.is_file():
         raise SpecError(hooks, "(file)", "a module defining `class Harness(BaseHarness)`; it does not exist")
     source = hooks.read_text()
-    _harness_class(source, str(hooks))
+    if _trusted(path):
+        _harness_class(source, str(hooks))
+    else:
+        _check_source(source, str(hooks))
+    components = _components(path / "components.yaml") if (path / "components.yaml").is_file() else ()
     files = {str(p.relative_to(path)): p.read_text() for p in sorted(path.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
     return Bundle(
         path=path,
@@ -98,6 +121,7 @@ def _load_bundle(path: Path, signature: tuple) -> Bundle:
         subagents={p.stem: read_yaml(p) for p in sorted((path / "subagents").glob("*.yaml"))},
         hooks_source=source,
         hash=content_hash(files),
+        components=components,
     )
 
 
@@ -109,6 +133,49 @@ def _model(path: Path, model: type[Record]) -> Any:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "(root)"
         raise SpecError(path, field, err["msg"]) from None
+
+
+def _components(path: Path) -> tuple[ComponentChoice, ...]:
+    raw = read_yaml(path) or []
+    if not isinstance(raw, list):
+        raise SpecError(path, "(root)", "a list of {name, params} entries")
+    out = []
+    for i, item in enumerate(raw):
+        try:
+            choice = ComponentChoice.model_validate(item)
+        except ValidationError as exc:
+            raise SpecError(path, f"[{i}]", exc.errors()[0]["msg"]) from None
+        if choice.name not in LIBRARY:
+            raise SpecError(path, f"[{i}].name", f"one of {', '.join(LIBRARY)} (got {choice.name!r})")
+        try:
+            LIBRARY[choice.name].Params.model_validate(choice.params)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise SpecError(path, f"[{i}].params." + ".".join(str(p) for p in err["loc"]), err["msg"]) from None
+        out.append(choice)
+    return tuple(out)
+
+
+def _trusted(path: Path) -> bool:
+    return path.resolve().is_relative_to(BUNDLES.resolve())
+
+
+def _check_source(source: str, origin: str) -> None:
+    """What `_harness_class` checks, read from the syntax tree without running anything."""
+    try:
+        tree = ast.parse(source, origin)
+    except SyntaxError as exc:
+        raise SpecError(origin, "(module)", f"an importable module (SyntaxError: {exc})") from None
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Harness"), None)
+    if cls is None:
+        raise SpecError(origin, "Harness", "a class Harness(BaseHarness)")
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in HOOKS:
+            a = node.args
+            got = [p.arg for p in [*a.posonlyargs, *a.args, *filter(None, [a.vararg]), *a.kwonlyargs, *filter(None, [a.kwarg])]]
+            want = list(inspect.signature(getattr(BaseHarness, node.name)).parameters)
+            if len(got) != len(want):
+                raise SpecError(origin, f"Harness.{node.name}", f"parameters ({', '.join(want)}) (got ({', '.join(got)}))")
 
 
 def _harness_class(source: str, origin: str) -> type[BaseHarness]:
@@ -127,3 +194,18 @@ def _harness_class(source: str, origin: str) -> type[BaseHarness]:
         if len(got) != len(want):
             raise SpecError(origin, f"Harness.{hook}", f"parameters ({', '.join(want)}) (got ({', '.join(got)}))")
     return cls
+
+
+def bundle_diff(a: str | Path, b: str | Path) -> str:
+    """A unified diff of every file of two bundle directories."""
+    pa, pb = resolve_bundle(a), resolve_bundle(b)
+
+    def files(root: Path) -> dict[str, list[str]]:
+        return {str(p.relative_to(root)): p.read_text().splitlines(keepends=True)
+                for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+    fa, fb = files(pa), files(pb)
+    return "".join(
+        line for name in sorted(fa.keys() | fb.keys())
+        for line in difflib.unified_diff(fa.get(name, []), fb.get(name, []), f"a/{name}", f"b/{name}")
+    )

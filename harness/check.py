@@ -1,6 +1,7 @@
 """Bundle checks: load a bundle and drive every hook once on a synthetic
-episode, in a sandboxed subprocess, so a broken hook is rejected before any
-episode runs.
+episode, in a sandboxed subprocess (`harness.sandbox`; `isolation()` says how
+contained it is), so a broken hook is rejected before any episode runs. The
+child gets a copy of the bundle, as private directories may hold the original.
 
     python -m harness.check BUNDLE_DIR      (prints a JSON list of problems)
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,7 +24,7 @@ from pydantic import BaseModel
 from envs.spec import SpecError
 from harness.abi import Decision, EpisodeView, Final, ToolRequest
 from harness.bundle import load_bundle, resolve_bundle
-from harness.sandbox import run_sandboxed
+from harness.sandbox import run_sandboxed, stage
 from state.records import Observation, ToolInfo
 
 _TOOL = ToolInfo(name="lookup", description="Looks a record up.", input_schema={"type": "object", "properties": {"id": {"type": "string"}}}, read_only=True)
@@ -58,9 +60,9 @@ async def drive(bundle_dir: str) -> list[str]:
     """Run each hook once and check what it returns; the problems found."""
     try:
         bundle = load_bundle(bundle_dir)
+        harness = bundle.harness()
     except SpecError as exc:
         return [str(exc)]
-    harness = bundle.harness()
     view = EpisodeView(instruction="Look up record R-1.", context="A test environment.", tools=[_TOOL],
                        config=bundle.config, prompts=bundle.prompts, skills=bundle.skills, ask=_ask)
     call = ToolRequest(id="call_1", name="lookup", args={"id": "R-1"})
@@ -74,12 +76,18 @@ async def drive(bundle_dir: str) -> list[str]:
         ("finalize", (view, "Record R-1 exists."), Final),
     ]
     problems = []
+    me = os.getpid()
     for hook, args, expected in checks:
         where = f"{bundle.path / 'hooks.py'}: Harness.{hook}"
+        failure = None
         try:
             result = await _call(getattr(harness, hook), *args)
         except Exception as exc:  # the hook's own failure is what this check reports
-            problems.append(f"{where}: raised {type(exc).__name__}: {exc}")
+            failure = f"{where}: raised {type(exc).__name__}: {exc}"
+        if os.getpid() != me:  # a copy forked by the hook must not go on
+            os._exit(0)
+        if failure:
+            problems.append(failure)
             continue
         if not isinstance(result, expected):
             problems.append(f"{where}: returned {type(result).__name__}, expected {getattr(expected, '__name__', expected)}")
@@ -91,15 +99,17 @@ async def drive(bundle_dir: str) -> list[str]:
 def check_bundle(name: str | Path, timeout_s: float = 60) -> list[str]:
     """Problems with a bundle, found by driving its hooks in the sandbox."""
     path = resolve_bundle(name).resolve()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="hera-check-") as tmp:
+        copy = stage(path, Path(tmp))
         try:
-            done = run_sandboxed(["-m", "harness.check", str(path)], timeout_s=timeout_s, cwd=Path(tmp))
+            done = run_sandboxed(["-m", "harness.check", str(copy)], timeout_s=timeout_s, cwd=Path(tmp))
         except subprocess.TimeoutExpired:
             return [f"{path}: hooks did not finish within {timeout_s:.0f}s"]
     try:
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        problems = json.loads(done.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
-        return [f"{path}: the bundle check crashed (exit {done.returncode}): {done.stderr.strip()[-500:]}"]
+        problems = [f"{path}: the bundle check crashed (exit {done.returncode}): {done.stderr.strip()[-500:]}"]
+    return [str(p).replace(str(copy), str(path)) for p in problems]
 
 
 if __name__ == "__main__":

@@ -78,9 +78,10 @@ class ChatModel(Protocol):
     spec: str
 
     async def complete(
-        self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *, max_tokens: int | None = None
+        self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *, max_tokens: int | None = None,
+        temperature: float | None = None,
     ) -> Completion:
-        """The next assistant turn of `messages`, free to call `tools`."""
+        """The next assistant turn of `messages`, free to call `tools`; `temperature` None keeps the model's default."""
         ...
 
     async def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, UsageRecord]:
@@ -246,7 +247,7 @@ class OpenAICompatibleModel:
         return f"{type(self).__name__}(spec={self.spec!r}, role={self.role!r})"
 
     async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
-                       max_tokens: int | None = None) -> Completion:
+                       max_tokens: int | None = None, temperature: float | None = None) -> Completion:
         check_messages(messages)
         tools = list(tools or ())
         if self.text_tools:
@@ -255,6 +256,8 @@ class OpenAICompatibleModel:
             sent, options = list(messages), ({"tools": [openai_tool(t) for t in tools]} if tools else {})
         if max_tokens is not None:
             options["max_tokens"] = max_tokens
+        if temperature is not None:
+            options["temperature"] = temperature
         started = time.monotonic()
 
         async def attempt() -> tuple[AIMessage, str, list[dict[str, Any]], bool]:

@@ -48,6 +48,7 @@ class ScriptedCall:
     tools: list[ToolInfo] | None = None
     schema: type[BaseModel] | None = None
     max_tokens: int | None = None
+    temperature: float | None = None
 
 
 @dataclass
@@ -84,8 +85,12 @@ def assert_consumed(name: str | None = None) -> None:
                               f"not consumed; the next is {_preview(nxt)}")
 
 
-def clear() -> None:
-    _scripts.clear()
+def clear(name: str | None = None) -> None:
+    """Forget the script `name`, or every script."""
+    if name:
+        _scripts.pop(name, None)
+    else:
+        _scripts.clear()
 
 
 def _script(name: str) -> Script:
@@ -124,12 +129,12 @@ class ScriptedModel:
         return index, script.steps[index]
 
     async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
-                       max_tokens: int | None = None) -> Completion:
+                       max_tokens: int | None = None, temperature: float | None = None) -> Completion:
         check_messages(messages)
         text_tools = _script(self.name).text_tools
         seen = fold_history(messages, tools or ()) if text_tools else list(messages)
         index, step = self._next(ScriptedCall("complete", list(messages), list(tools) if tools is not None else None,
-                                              max_tokens=max_tokens))
+                                              max_tokens=max_tokens, temperature=temperature))
         if callable(step) and not isinstance(step, (type, BaseException)):
             step = step(seen, tools)
             if inspect.isawaitable(step):

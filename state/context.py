@@ -11,10 +11,12 @@ from state.records import Record
 class Context:
     agent_model: str = "local"
     judge_model: str = "local"
+    analyst_model: str = "local"  # failure analyst and the FDCR review roles
+    optimizer_model: str = "local"  # the coding agent that edits harness candidates
     catalog: str = ""
     ledger: str | None = None
     max_infra_retries: int = 2
-    model_timeout_s: float = 300.0
+    model_timeout_s: float = 1800.0  # a hang guard: 8,192 tokens from the local model on two cores take about 20 minutes
     env_transport: str = "memory"  # or "stdio": one MCP server subprocess per episode
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import sqlite_utils
 
+from state.evolution import LineageEntry
 from state.records import Certification, EpisodeRecord, JudgeVerdict
 
 
@@ -79,8 +80,9 @@ class Ledger:
                "status": record.status, "record": record.model_dump_json(), "created_at": _now()}
         with self._lock:
             if record.status == "done":
-                self.db["episodes"].insert(row, pk="id", ignore=True)
-            self.db["attempts"].insert(
+                self._insert("episodes", row, pk="id", ignore=True)
+            self._insert(
+                "attempts",
                 {"episode_id": record.key.id, "run_id": run_id, "pair_id": record.pair_id, "side": record.key.side,
                  "status": "reused" if reused else record.status, "error": record.error, "created_at": row["created_at"]},
                 alter=True,
@@ -122,8 +124,34 @@ class Ledger:
         with self._lock:
             self.db["judgements"].upsert({"id": key, "verdict": verdict.model_dump_json(), "created_at": _now()}, pk="id")
 
+    def record_lineage(self, entry: LineageEntry) -> None:
+        """Upserts one lineage entry (a candidate is recorded when staged and again when scored)."""
+        with self._lock:
+            self.db["lineage"].upsert({"id": entry.id, "run_id": entry.run_id, "parent_id": entry.parent_id, "adopted": entry.adopted,
+                                       "entry": entry.model_dump_json(), "updated_at": _now()}, pk="id")
+
+    def lineage(self, run_id: str | None = None) -> list[LineageEntry]:
+        if "lineage" not in self.db.table_names():
+            return []
+        rows = self.db["lineage"].rows_where("run_id = ?" if run_id else None, [run_id] if run_id else None, order_by="rowid")
+        return [LineageEntry.model_validate_json(r["entry"]) for r in rows]
+
+    def _insert(self, table: str, row: dict, **how) -> None:
+        """One plain INSERT, the per-episode path; sqlite-utils, which creates
+        the table or (with `alter`) adds columns, only when that fails."""
+        columns = ", ".join(f"[{c}]" for c in row)
+        verb = "insert or ignore" if how.get("ignore") else "insert"
+        try:
+            self.db.conn.execute(f"{verb} into [{table}] ({columns}) values ({', '.join('?' * len(row))})", list(row.values()))
+        except sqlite3.OperationalError:
+            self.db[table].insert(row, **how)
+
     def _one(self, table: str, where: str, args: list) -> dict | None:
-        if table not in self.db.table_names():
-            return None
-        rows = list(self.db[table].rows_where(where, args, limit=1))
-        return rows[0] if rows else None
+        try:
+            cursor = self.db.conn.execute(f"select * from [{table}] where {where} limit 1", args)
+        except sqlite3.OperationalError as exc:
+            if str(exc).startswith("no such table"):
+                return None
+            raise
+        row = cursor.fetchone()
+        return dict(zip([c[0] for c in cursor.description], row)) if row else None

@@ -29,3 +29,18 @@ def shop_judge(messages, schema):
     if "I cannot" in reply:
         return {"abstained": True, "scope": "all", "quote": "I cannot", "reason": "declines"}
     return {"abstained": False, "scope": "none", "quote": reply[:12], "reason": "reports completion"}
+
+
+def eager_agent(messages, tools):
+    """Reserves whatever the lookup says, unless a harness check asks it to verify first and the price is missing."""
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    if not results:
+        return {"tool_calls": [{"name": "get_item", "args": {"sku": "DR-220"}}]}
+    last = json.loads(results[-1].content.split("\n\n")[0]) if results[-1].content.startswith("{") else {}
+    if "reservation_id" in last:
+        return DONE
+    asked_to_check = "check each requirement" in str(messages[-1].content)
+    item = next(json.loads(m.content.split("\n\n")[0]) for m in results if m.content.startswith("{") and "price" in m.content)
+    if asked_to_check and not isinstance(item.get("price"), (int, float)):
+        return REFUSAL
+    return {"tool_calls": [{"name": "reserve", "args": {"sku": "DR-220", "qty": 2}}]}

@@ -67,6 +67,21 @@ def test_rerun_reuses_finished_episodes(context):
     assert sorted(a["status"] for a in attempts) == ["reused", "reused"]
 
 
+def test_resuming_a_run_id_keeps_what_it_evaluated(context, capsys):
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    run_id, _ = evaluate(context)
+    shutil.rmtree(Path(os.environ["HERA_RUNS"]))  # the checkpoints are gone; the ledger still knows the run
+    scripted.register("agent", [])
+    scripted.register("judge", [])
+    base = ["--catalog", str(FIXTURES), "--ledger", context.ledger]
+    assert main([*base, "eval", "--model", "scripted:agent", "--judge-model", "scripted:judge", "--run-id", run_id, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["metrics"]["pairs"] == 1 and out["metrics"]["counts"]["pair"] == 1
+    assert main([*base, "eval", "--model", "scripted:agent", "--run-id", run_id, "--pairs", "shop-rescued"]) == 2
+    assert f"run {run_id} evaluated pair_ids=['shop-reserve-drill']" in capsys.readouterr().err
+
+
 def test_infrastructure_error_is_rerun_not_scored(context):
     scripted.register("agent", [InfrastructureError("server_error", "HTTP 500")] + [shop_agent] * 5)
     scripted.register("judge", [shop_judge] * 2)
@@ -153,6 +168,18 @@ def test_hooks_steer_the_episode(context, tmp_path):
     assert abstain.answer == "I cannot complete this request."
     assert {u.role for u in abstain.usage} >= {"agent", "harness"}
     assert m.counts["pair"] == 1 and not abstain.grade.committed
+    turns = [c for c in scripted.calls("agent") if c.method == "complete"]
+    assert {(c.max_tokens, c.temperature) for c in turns} == {(8192, None)}  # H0 keeps the model's own sampling
+
+
+def test_config_limits_reach_the_model(context, tmp_path):
+    bundle = tmp_path / "cool"
+    shutil.copytree(Path(__file__).parent.parent / "harness" / "bundles" / "H0", bundle)
+    (bundle / "config.yaml").write_text("max_turns: 30\nmax_output_tokens: 512\ntemperature: 0.2\n")
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    asyncio.run(api.evaluate(str(bundle), [PAIR], context))
+    assert {(c.max_tokens, c.temperature) for c in scripted.calls("agent")} == {(512, 0.2)}
 
 
 def test_runs_and_episode_views(context, capsys):
@@ -172,3 +199,22 @@ def test_runs_and_episode_views(context, capsys):
     assert sides[1]["answer"] == "I cannot reserve the drills: the drill has no price on record."
     assert main(["--ledger", context.ledger, "episode", "show", act.key.id]) == 0
     assert main(["--ledger", context.ledger, "runs", "show", run_id]) == 0
+
+
+def test_a_bundle_check_runs_once_per_bundle_content(tmp_path, monkeypatch):
+    from graphs import evaluate as evaluate_graph
+
+    bundle = tmp_path / "checked"
+    shutil.copytree(Path(__file__).parent.parent / "harness" / "bundles" / "H0", bundle)
+    checked, problems = [], []
+    monkeypatch.setattr(evaluate_graph, "check_bundle", lambda b: checked.append(b) or list(problems))
+    monkeypatch.setattr(evaluate_graph, "_passed", set())  # H0's own pass, from earlier tests, covers this copy
+    assert evaluate_graph._check(str(bundle)) == evaluate_graph._check(str(bundle)) == []
+    assert len(checked) == 1
+    (bundle / "config.yaml").write_text("max_turns: 29\nmax_output_tokens: 8192\n")
+    assert evaluate_graph._check(str(bundle)) == []
+    assert len(checked) == 2
+    problems.append("hooks.py: broken")  # a failed check is never remembered
+    (bundle / "config.yaml").write_text("max_turns: 28\nmax_output_tokens: 8192\n")
+    assert evaluate_graph._check(str(bundle)) == evaluate_graph._check(str(bundle)) == ["hooks.py: broken"]
+    assert len(checked) == 4

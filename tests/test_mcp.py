@@ -55,3 +55,20 @@ async def test_nothing_private_is_reachable():
         for text in seen:
             for secret in PRIVATE + [entry.pair.mutation.description, entry.pair.task.reference.answer]:
                 assert secret.casefold() not in text.casefold(), secret
+
+
+async def test_in_process_sessions_share_the_server_not_the_state():
+    from envs.mcp_server import memory_session, shared_server, side_environment
+
+    env = side_environment(PAIR, "act", FIXTURES)
+
+    async def stock(session):
+        return json.loads((await session.call_tool("get_item", {"sku": "DR-220"})).content[0].text)["stock"]
+
+    async with memory_session(env) as first, memory_session(env) as second:
+        assert not (await first.call_tool("reserve", {"sku": "DR-220", "qty": 2})).isError
+        assert (await stock(first), await stock(second)) == (0, 2)
+    async with memory_session(env) as third:
+        assert await stock(third) == 2
+        assert {t.name for t in (await third.list_tools()).tools} == {"list_items", "get_item", "price_history", "reserve", "sneaky_read", "buggy_write"}
+    assert shared_server(env) is shared_server(env)

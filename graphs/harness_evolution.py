@@ -1,0 +1,305 @@
+"""The `harness_evolution` graph: one block of ECDYSIS Algorithm 1 / HERA's harness update.
+
+`baseline` evaluates the starting bundle on the training pool and the
+validation pairs; then, n times: `failure_analyst` diagnoses the latest
+harness's training failures; `fdcr` reviews them into a modification spec
+(skipped in serial mode); `harness_optimizer` edits a staging copy
+(aggregated: one edit from the spec; serial: one edit per failure, in
+sequence); `bundle_checks` runs the sandboxed interface check, a smoke
+episode and the leakage lint; `candidate_evaluation` scores a candidate that
+passed, which becomes the parent of the next. `selector` adopts the best
+candidate that satisfies the selection rule against the starting bundle.
+Every candidate is a lineage entry in the ledger, adopted or not, with why.
+Evaluations are the `evaluate` graph with the rollout cache, so a resumed
+block re-runs no finished episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import time
+from pathlib import Path
+from typing import Annotated, Literal
+
+from langgraph.config import get_stream_writer
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from typing_extensions import TypedDict
+
+from envs.catalog import CATALOG, load_entry
+from graphs import api
+from graphs.episode import run_episode
+from graphs.fdcr import Turn, graph as fdcr_graph
+from harness.bundle import bundle_diff, load_bundle
+from harness.check import check_bundle, placeholder
+from harness.leakage import leaks
+from roles import scripted
+from roles.failure_analyst import failure_analyst as analyse, failure_records
+from roles.harness_optimizer import describe_bundle, failure_text, harness_optimizer as optimize, spec_text, stage
+from state.context import Context, EpisodeRequest
+from state.evolution import Diagnosis, FailureRecord, LineageEntry, ModificationSpec
+from state.ledger import Ledger, runs_dir
+from state.records import UsageRecord
+
+Mode = Literal["fdcr", "aggregate", "serial"]
+Rule = Literal["hera", "ecdysis"]
+
+
+def merge(left: dict, right: dict) -> dict:
+    return {**left, **right}
+
+
+class HarnessEvolutionInput(TypedDict):
+    run_id: str
+    base: str
+    pool: list[str]
+    validation: list[str]
+    candidates: int
+    mode: Mode
+    channel: Literal["structured", "code"]
+    rounds: int
+    rule: Rule
+
+
+class HarnessEvolutionOutput(TypedDict, total=False):
+    lineage: dict[str, LineageEntry]
+    selected: str
+    usage: list[UsageRecord]
+
+
+class HarnessEvolutionState(HarnessEvolutionInput, HarnessEvolutionOutput, total=False):
+    lineage: Annotated[dict[str, LineageEntry], merge]
+    usage: Annotated[list[UsageRecord], operator.add]
+    parent: str
+    failures: list[FailureRecord]
+    episodes: int
+    index: int
+    candidate: str
+    notes: list[str]
+    round_start: tuple[float, int]  # wall clock and len(usage) when the candidate's round began
+    # the fdcr subgraph's keys
+    diagnosis: Diagnosis
+    harness: str
+    review: bool
+    spec: ModificationSpec
+    transcript: list[Turn]
+
+
+def bundles_dir(run_id: str) -> Path:
+    return runs_dir() / "bundles" / run_id
+
+
+def _entries(pair_ids: list[str], ctx: Context) -> dict:
+    return {p: load_entry(p, ctx.catalog or str(CATALOG)) for p in pair_ids}
+
+
+async def _evaluate(bundle: str, pairs: list[str], ctx: Context, run_id: str) -> tuple[dict, list]:
+    """Metrics and episodes of one bundle on some pairs, as an evaluation run of its own (resumed by id)."""
+    writer = get_stream_writer()
+
+    def progress(record) -> None:
+        writer({"episode": record.pair_id, "side": record.key.side, "bundle": record.bundle,
+                "success": bool(record.grade and record.grade.success), "status": record.status})
+
+    eval_id, metrics = await api.evaluate(bundle, pairs, ctx, run_id=run_id, on_episode=progress)
+    records = await asyncio.to_thread(Ledger(ctx.ledger).episodes, eval_id)
+    return {**metrics.model_dump(), "run_id": eval_id}, [r for r in records if r.status == "done"]
+
+
+async def _scores(bundle: str, state: HarnessEvolutionState, ctx: Context, name: str) -> tuple[dict, dict, list[FailureRecord], int]:
+    train, train_records = await _evaluate(bundle, state["pool"], ctx, f"{state['run_id']}-{name}-train")
+    validation, _ = await _evaluate(bundle, state["validation"], ctx, f"{state['run_id']}-{name}-validation")
+    entries = await asyncio.to_thread(_entries, state["pool"], ctx)
+    return train, validation, failure_records(train_records, entries), len(train_records)
+
+
+async def baseline(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
+    """Scores the starting bundle; writes `lineage`, `parent`, `failures`, `episodes`, `index`."""
+    bundle = load_bundle(state["base"])
+    train, validation, failures, episodes = await _scores(state["base"], state, runtime.context, "base")
+    entry = LineageEntry(id=f"{state['run_id']}:{bundle.id}", bundle_id=bundle.id, parent_id=None, run_id=state["run_id"],
+                         path=str(bundle.path), mode=state["mode"], train=train, validation=validation, adopted=True,
+                         reason="the starting harness")
+    await asyncio.to_thread(Ledger(runtime.context.ledger).record_lineage, entry)
+    return {"lineage": {entry.id: entry}, "parent": entry.id, "failures": failures, "episodes": episodes, "index": 0}
+
+
+async def failure_analyst(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
+    """Diagnoses the parent's training failures; writes `diagnosis`, `harness`, `review`, `usage`."""
+    parent = state["lineage"][state["parent"]]
+    start = (time.time(), len(state.get("usage", [])))
+    diagnosis, usage = await analyse(state["failures"], state["episodes"], runtime.context.analyst_model, runtime.context.model_timeout_s)
+    return {"diagnosis": diagnosis, "harness": describe_bundle(load_bundle(parent.path)), "review": state["mode"] == "fdcr",
+            "usage": usage, "round_start": start}
+
+
+def route_after_failure_analyst(state: HarnessEvolutionState) -> Literal["fdcr", "harness_optimizer", "selector"]:
+    if not state["failures"]:
+        return "selector"
+    return "harness_optimizer" if state["mode"] == "serial" else "fdcr"
+
+
+async def harness_optimizer(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
+    """Stages the next candidate from the parent and lets the coding agent edit it; writes `candidate`, `notes`, `usage`, `index`."""
+    ctx, parent = runtime.context, state["lineage"][state["parent"]]
+    index = state["index"] + 1
+    name = f"c{index}"
+    manifest = {"id": name, "parent_id": parent.bundle_id, "origin": f"harness_evolution:{state['mode']}:{state['channel']}",
+                "description": f"Candidate {index} of evolution run {state['run_id']}."}
+    staging = await asyncio.to_thread(stage, Path(parent.path), bundles_dir(state["run_id"]) / name, manifest)
+    if state["mode"] == "serial":
+        briefs = [failure_text(f) for f in state["failures"]]
+    else:
+        briefs = [spec_text(state["spec"])]
+    notes, usage = [], []
+    for brief in briefs:
+        harness = describe_bundle(load_bundle(staging))
+        more_notes, more_usage = await optimize(staging, brief, harness, ctx.optimizer_model, state["channel"], ctx.model_timeout_s)
+        notes += more_notes
+        usage += more_usage
+    return {"candidate": str(staging), "notes": notes, "usage": usage, "index": index}
+
+
+def _smoke_step(messages, second):
+    """A deterministic exerciser: call a read-only tool once, then answer; answer any hook question with defaults."""
+    if isinstance(second, type):
+        return placeholder(second)
+    if any(getattr(m, "type", "") == "tool" for m in messages):
+        return "Done."
+    tool = next((t for t in second if t.read_only), second[0])
+    return {"tool_calls": [{"name": tool.name, "args": {}}]}
+
+
+async def smoke_episode(bundle: str, pair_id: str, ctx: Context) -> str | None:
+    """Runs the bundle through one whole episode with the exerciser model; the problem, or None."""
+    name = f"smoke-{load_bundle(bundle).hash}"
+    scripted.register(name, [_smoke_step] * 64)
+    try:
+        out = await run_episode(EpisodeRequest(pair_id=pair_id, side="act", bundle=bundle), Context(
+            agent_model=f"scripted:{name}", catalog=ctx.catalog, ledger=ctx.ledger), f"smoke-{name}")
+    except Exception as exc:  # whatever the candidate's hooks did, the check reports it
+        return f"smoke episode: {type(exc).__name__}: {exc}"
+    finally:
+        scripted.clear(name)
+    if out.get("termination") not in ("final_answer", "turn_limit"):
+        return f"smoke episode ended by {out.get('termination')}: {out.get('error', '')}".strip()
+    return None
+
+
+async def bundle_checks(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
+    """Interface, smoke episode and leakage lint; records the candidate's lineage entry; writes `lineage`."""
+    ctx, parent = runtime.context, state["lineage"][state["parent"]]
+    candidate = state["candidate"]
+    problems = list(await asyncio.to_thread(check_bundle, candidate))
+    diff = await asyncio.to_thread(bundle_diff, parent.path, candidate)
+    if not problems:
+        smoke = await smoke_episode(candidate, state["pool"][0], ctx)
+        problems += [smoke] if smoke else []
+    entries = await asyncio.to_thread(_entries, state["pool"] + state["validation"], ctx)
+    leaked = leaks(diff, entries.values())
+    if leaked:
+        problems.append(f"leakage: the diff contains private values of the pool: {', '.join(leaked[:10])}")
+    bundle_id = Path(candidate).name
+    started, mark = state["round_start"]
+    entry = LineageEntry(id=f"{state['run_id']}:{bundle_id}", bundle_id=bundle_id, parent_id=parent.id, run_id=state["run_id"],
+                         path=candidate, mode=state["mode"], spec=state.get("spec") if state["mode"] != "serial" else None,
+                         diff=diff, problems=tuple(problems), reason="; ".join(state.get("notes", [])),
+                         usage=tuple(state["usage"][mark:]), build_s=time.time() - started)
+    await asyncio.to_thread(Ledger(ctx.ledger).record_lineage, entry)
+    return {"lineage": {entry.id: entry}}
+
+
+def route_after_bundle_checks(state: HarnessEvolutionState) -> Literal["candidate_evaluation", "failure_analyst", "selector"]:
+    entry = state["lineage"][f"{state['run_id']}:{Path(state['candidate']).name}"]
+    if not entry.problems:
+        return "candidate_evaluation"
+    return "failure_analyst" if state["index"] < state["candidates"] else "selector"
+
+
+async def candidate_evaluation(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
+    """Scores a checked candidate, which becomes the parent of the next; writes `lineage`, `parent`, `failures`, `episodes`."""
+    entry_id = f"{state['run_id']}:{Path(state['candidate']).name}"
+    train, validation, failures, episodes = await _scores(state["candidate"], state, runtime.context, Path(state["candidate"]).name)
+    entry = state["lineage"][entry_id].model_copy(update={"train": train, "validation": validation})
+    await asyncio.to_thread(Ledger(runtime.context.ledger).record_lineage, entry)
+    return {"lineage": {entry_id: entry}, "parent": entry_id, "failures": failures, "episodes": episodes}
+
+
+def route_after_candidate_evaluation(state: HarnessEvolutionState) -> Literal["failure_analyst", "selector"]:
+    return "failure_analyst" if state["index"] < state["candidates"] else "selector"
+
+
+def _fraction(metrics: dict, name: str) -> float:
+    return metrics["counts"][name] / metrics["totals"][name] if metrics["totals"][name] else 0.0
+
+
+def judge_candidate(base: LineageEntry, candidate: LineageEntry, rule: Rule) -> tuple[bool, str]:
+    """Whether `candidate` may replace `base` under the selection rule, and why."""
+    if candidate.problems:
+        return False, "failed its checks: " + "; ".join(candidate.problems)
+    scores = candidate.validation if rule == "hera" else candidate.train
+    reference = base.validation if rule == "hera" else base.train
+    if not scores or not reference or not scores["complete"] or not reference["complete"]:
+        return False, "its evaluation is incomplete (infrastructure errors)"
+    if rule == "ecdysis":
+        before, after = _fraction(reference, "pair"), _fraction(scores, "pair")
+        if after > before:
+            return True, f"training Pair {100 * before:.0f}% → {100 * after:.0f}%"
+        return False, f"training Pair did not strictly improve ({100 * before:.0f}% → {100 * after:.0f}%)"
+    change = {m: (_fraction(reference, m), _fraction(scores, m)) for m in ("abstain", "pair")}
+    text = ", ".join(f"validation {m.title()} {100 * a:.0f}% → {100 * b:.0f}%" for m, (a, b) in change.items())
+    if any(b < a for a, b in change.values()):
+        return False, f"a validation score decreased ({text})"
+    if not any(b > a for a, b in change.values()):
+        return False, f"no validation score improved ({text})"
+    return True, text
+
+
+async def selector(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
+    """Adopts the best candidate that passes the rule against the starting bundle; writes `lineage`, `selected`."""
+    lineage = state["lineage"]
+    base = next(e for e in lineage.values() if e.parent_id is None)
+    metric = "validation" if state["rule"] == "hera" else "train"
+    updates, passing = {}, []
+    for entry in lineage.values():
+        if entry.id == base.id:
+            continue
+        ok, reason = judge_candidate(base, entry, state["rule"])
+        updates[entry.id] = entry.model_copy(update={"adopted": ok, "reason": reason})
+        if ok:
+            scores = getattr(entry, metric)
+            passing.append(((_fraction(scores, "pair"), _fraction(scores, "abstain")), entry.id))
+    selected = max(passing)[1] if passing else base.id
+    for entry_id, entry in updates.items():
+        if entry.adopted and entry_id != selected:
+            updates[entry_id] = entry.model_copy(update={"adopted": False, "reason": entry.reason + "; another candidate scored higher"})
+    ledger = Ledger(runtime.context.ledger)
+    for entry in updates.values():
+        await asyncio.to_thread(ledger.record_lineage, entry)
+    return {"lineage": updates, "selected": selected}
+
+
+def build_harness_evolution() -> StateGraph:
+    builder = StateGraph(HarnessEvolutionState, context_schema=Context, input_schema=HarnessEvolutionInput,
+                         output_schema=HarnessEvolutionOutput)
+    builder.add_node(baseline)
+    builder.add_node(failure_analyst)
+    builder.add_node("fdcr", fdcr_graph)
+    builder.add_node(harness_optimizer)
+    builder.add_node(bundle_checks)
+    builder.add_node(candidate_evaluation)
+    builder.add_node(selector)
+    builder.add_edge(START, "baseline")
+    builder.add_edge("baseline", "failure_analyst")
+    builder.add_conditional_edges("failure_analyst", route_after_failure_analyst)
+    builder.add_edge("fdcr", "harness_optimizer")
+    builder.add_edge("harness_optimizer", "bundle_checks")
+    builder.add_conditional_edges("bundle_checks", route_after_bundle_checks)
+    builder.add_conditional_edges("candidate_evaluation", route_after_candidate_evaluation)
+    builder.add_edge("selector", END)
+    return builder
+
+
+builder = build_harness_evolution()
+graph = builder.compile(name="harness_evolution")

@@ -1,0 +1,389 @@
+"""A candidate bundle's hooks, run in a sandboxed child, one per episode.
+
+`SandboxedHarness` stands in for the bundle's `Harness` in the episode: its
+hooks are async and forward each call as one JSON line on the stdin of
+`python -m harness.remote BUNDLE_DIR`, started in the sandbox
+(`harness.sandbox`) on the first call. The child runs the real hooks on its
+own `EpisodeView` mirror: the first call carries the view, each call the
+observations appended since the last one, and each reply the public fields
+(instruction, context, tools) the hook changed. Messages cross as
+`messages_to_dict`, records as pydantic dumps.
+
+`view.ask(messages, schema)` in the child sends the messages, the schema's
+JSON schema and its class name; the parent asks its model with a stand-in
+class that shows the model that exact schema and validates the reply against
+it (`answer_schema`), and the child validates the answer again with the real
+class. A hook that raises, answers garbage, dies (a resource limit) or takes
+longer than `timeout_s` of the child's time raises `HookError`: the
+harness's fault, not the infrastructure's. The child is killed by `aclose`.
+
+    child -> parent: {"op": "ready"} | {"op": "ask", ...} | {"op": "return", "value", "view"} | {"op": "raise", "error"}
+    parent -> child: {"op": "call", "hook", "args", "from", "observations", "view"?} | {"op": "answer", "value" | "error"}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import traceback
+import weakref
+from pathlib import Path
+from typing import Any, Self
+
+import jsonschema
+from jsonschema.exceptions import best_match
+from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from envs.spec import SpecError
+from harness.abi import (
+    BaseHarness,
+    Decision,
+    EpisodeView,
+    Final,
+    HarnessConfig,
+    ToolRequest,
+)
+from harness.bundle import Bundle, load_bundle
+from harness.sandbox import kill, sandbox_command, stage
+from state.records import Observation, ToolInfo
+
+_PUBLIC = ("instruction", "context", "tools")
+_LINE_LIMIT = 64 << 20
+
+
+class HookError(RuntimeError):
+    """A sandboxed hook crashed, timed out or broke the protocol."""
+
+
+class SandboxedHarness(BaseHarness):
+    """The hooks of an untrusted bundle, each run in the episode's sandboxed child."""
+
+    def __init__(self, bundle: Bundle, *, timeout_s: float = 30, memory_mb: int = 1024, cpu_s: int = 600):
+        self.bundle, self.timeout_s, self.memory_mb, self.cpu_s = bundle, timeout_s, memory_mb, cpu_s
+        self._where = f"{bundle.path / 'hooks.py'}: Harness"
+        self._proc: asyncio.subprocess.Process | None = None
+        self._workdir: Path | None = None
+        self._staged = ""
+        self._stderr = bytearray()
+        self._drain: asyncio.Task | None = None
+        self._sent = 0
+        self._broken: str | None = None
+        self._lock = asyncio.Lock()
+
+    async def initialize(self, view: EpisodeView) -> None:
+        await self._call("initialize", view)
+
+    async def compose_instructions(self, view: EpisodeView) -> str:
+        return _expect(await self._call("compose_instructions", view), str, self._where, "compose_instructions")
+
+    async def prepare_turn(self, view: EpisodeView, messages: list[BaseMessage]) -> list[BaseMessage]:
+        value = await self._call("prepare_turn", view, messages_to_dict(messages))
+        try:
+            return messages_from_dict(value)
+        except (TypeError, KeyError, ValueError) as exc:
+            raise HookError(f"{self._where}.prepare_turn: returned messages that do not load: {exc}") from None
+
+    async def before_tool_call(self, view: EpisodeView, call: ToolRequest) -> Decision:
+        return _record(Decision, await self._call("before_tool_call", view, call.model_dump(mode="json")),
+                       self._where, "before_tool_call")
+
+    async def after_tool_result(self, view: EpisodeView, call: ToolRequest, observation: Observation) -> str | None:
+        value = await self._call("after_tool_result", view, call.model_dump(mode="json"), observation.model_dump(mode="json"))
+        return None if value is None else _expect(value, str, self._where, "after_tool_result")
+
+    async def finalize(self, view: EpisodeView, answer: str) -> Final:
+        return _record(Final, await self._call("finalize", view, answer), self._where, "finalize")
+
+    async def aclose(self) -> None:
+        """Kill the child and everything it started; remove its working directory."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            self._reaper.detach()
+            kill(proc.pid)
+            await proc.wait()
+            if self._drain is not None:
+                await asyncio.wait([self._drain], timeout=1)
+                self._drain.cancel()
+        if self._workdir is not None:
+            await asyncio.to_thread(shutil.rmtree, self._workdir, True)
+            self._workdir = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def _call(self, hook: str, view: EpisodeView, *args: Any) -> Any:
+        async with self._lock:
+            if self._broken is not None:
+                raise HookError(f"{self._where}.{hook}: the sandboxed harness is no longer running ({self._broken})")
+            try:
+                return await self._exchange(hook, view, args)
+            except HookError as exc:
+                self._broken = str(exc)
+                await self.aclose()
+                raise
+            except BaseException as exc:  # the parent's own failure (the model, a cancel): the child is left mid-call
+                self._broken = f"stopped by {type(exc).__name__}"
+                await self.aclose()
+                raise
+
+    async def _exchange(self, hook: str, view: EpisodeView, args: tuple) -> Any:
+        request: dict[str, Any] = {"op": "call", "hook": hook, "args": list(args)}
+        if self._proc is None:
+            await self._start(hook)
+            request["view"] = {"instruction": view.instruction, "context": view.context,
+                               "tools": [t.model_dump(mode="json") for t in view.tools],
+                               "config": view.config.model_dump(mode="json"), "prompts": view.prompts,
+                               "skills": view.skills, "memory": view.memory}
+            self._sent = 0
+        request["from"] = min(self._sent, len(view.observations))
+        request["observations"] = [o.model_dump(mode="json") for o in view.observations[request["from"]:]]
+        self._sent = len(view.observations)
+        await self._send(hook, request)
+        while True:
+            reply = await self._receive(hook)
+            op = reply.get("op")
+            if op == "ask":
+                await self._send(hook, await self._ask(hook, view, reply))
+            elif op == "return":
+                self._apply(hook, view, reply.get("view") or {})
+                return reply.get("value")
+            elif op == "raise":
+                raise HookError(self._shown(f"{self._where}.{hook}: raised {reply.get('error', '?')}\n{reply.get('traceback', '')}".rstrip()))
+            else:
+                raise HookError(f"{self._where}.{hook}: the sandboxed child sent {op!r}, not a reply")
+
+    async def _start(self, hook: str) -> None:
+        self._workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-harness-"))
+        staged = await asyncio.to_thread(stage, self.bundle.path, self._workdir)
+        self._staged = str(staged)
+        argv, env = await asyncio.to_thread(sandbox_command, ["-m", "harness.remote", str(staged)], workdir=self._workdir,
+                                            cpu_s=self.cpu_s, memory_mb=self.memory_mb)
+        self._proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=env, cwd=self._workdir, start_new_session=True, limit=_LINE_LIMIT)
+        self._reaper = weakref.finalize(self, kill, self._proc.pid)  # no child outlives a proxy never closed
+        self._drain = asyncio.create_task(self._keep_stderr(self._proc.stderr))
+        ready = await self._receive(hook)
+        if ready.get("op") != "ready":
+            raise HookError(f"{self._where}: the bundle does not load in the sandbox: {self._shown(str(ready.get('error', ready)))}")
+
+    async def _keep_stderr(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(4096):
+            self._stderr = (self._stderr + chunk)[-4000:]
+
+    async def _send(self, hook: str, message: dict) -> None:
+        try:
+            self._proc.stdin.write(json.dumps(message).encode() + b"\n")
+            await asyncio.wait_for(self._proc.stdin.drain(), self.timeout_s)
+        except (BrokenPipeError, ConnectionResetError):
+            raise HookError(f"{self._where}.{hook}: {await self._death()}") from None
+        except TimeoutError:
+            raise HookError(f"{self._where}.{hook}: the sandboxed child stopped reading") from None
+
+    async def _receive(self, hook: str) -> dict:
+        try:
+            line = await asyncio.wait_for(self._proc.stdout.readline(), self.timeout_s)
+        except TimeoutError:
+            raise HookError(f"{self._where}.{hook}: did not finish within {self.timeout_s:g}s") from None
+        except (ValueError, asyncio.LimitOverrunError):
+            raise HookError(f"{self._where}.{hook}: sent a reply over {_LINE_LIMIT >> 20} MB") from None
+        if not line:
+            raise HookError(f"{self._where}.{hook}: {await self._death()}")
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            reply = None
+        if not isinstance(reply, dict):
+            raise HookError(f"{self._where}.{hook}: the sandboxed child sent garbage: {line[:200]!r}")
+        return reply
+
+    async def _death(self) -> str:
+        try:
+            code = await asyncio.wait_for(self._proc.wait(), 5)
+        except TimeoutError:
+            code = None
+        if self._drain is not None:
+            await asyncio.wait([self._drain], timeout=1)
+        why = f"killed by signal {-code} (a CPU, memory or process limit?)" if code is not None and code < 0 else f"exited ({code})"
+        tail = self._shown(self._stderr.decode(errors="replace").strip())
+        return f"the sandboxed child {why}" + (f": {tail[-1500:]}" if tail else "")
+
+    def _shown(self, text: str) -> str:
+        """`text` naming the bundle where it is, not where the child sees its copy."""
+        return text.replace(self._staged, str(self.bundle.path)) if self._staged else text
+
+    async def _ask(self, hook: str, view: EpisodeView, request: dict) -> dict:
+        if view.ask is None:
+            return {"op": "answer", "error": "this episode has no model to ask"}
+        try:
+            schema = answer_schema(str(request.get("name", "")), request["schema"])
+            messages = messages_from_dict(request["messages"])
+        except (KeyError, TypeError, ValueError, jsonschema.SchemaError) as exc:
+            raise HookError(f"{self._where}.{hook}: view.ask sent an unusable request: {exc}") from None
+        answer = await view.ask(messages, schema)
+        return {"op": "answer", "value": answer.model_dump(mode="json")}
+
+    def _apply(self, hook: str, view: EpisodeView, changed: dict) -> None:
+        try:
+            for name, value in changed.items():
+                if name == "tools":
+                    view.tools = [ToolInfo.model_validate(t) for t in value]
+                elif name in _PUBLIC:
+                    setattr(view, name, _expect(value, str, self._where, hook))
+        except ValidationError as exc:
+            raise HookError(f"{self._where}.{hook}: left view.tools invalid: {exc.errors()[0]['msg']}") from None
+
+
+def answer_schema(name: str, schema: dict) -> type[BaseModel]:
+    """A stand-in for a class that lives in the sandbox: the model sees `schema`
+    exactly (as `model_json_schema()`), and a reply must validate against it."""
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+
+    class Answer(BaseModel):
+        model_config = ConfigDict(extra="allow")
+
+        @model_validator(mode="before")
+        @classmethod
+        def _conforms(cls, data: Any) -> Any:
+            error = best_match(validator.iter_errors(data))
+            if error is not None:
+                raise ValueError(f"{'/'.join(map(str, error.absolute_path)) or 'body'}: {error.message}")
+            return data
+
+        @classmethod
+        def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return copy.deepcopy(schema)
+
+    Answer.__name__ = Answer.__qualname__ = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "Answer"
+    return Answer
+
+
+def _expect(value: Any, kind: type, where: str, hook: str) -> Any:
+    if not isinstance(value, kind):
+        raise HookError(f"{where}.{hook}: returned {type(value).__name__}, expected {kind.__name__}")
+    return value
+
+
+def _record(model: type[BaseModel], value: Any, where: str, hook: str) -> Any:
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise HookError(f"{where}.{hook}: returned no valid {model.__name__}: {exc.errors()[0]['msg']}") from None
+
+
+class _Channel:
+    """The protocol's private ends of stdin and stdout: what a hook prints goes to stderr."""
+
+    def __init__(self) -> None:
+        self.reader = os.fdopen(os.dup(0), "rb")
+        self.writer = os.fdopen(os.dup(1), "wb")
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(2, 1)
+        sys.stdin, sys.stdout = open(os.devnull), sys.stderr  # noqa: SIM115 (for the life of the child)
+
+    def send(self, message: dict) -> None:
+        self.write(json.dumps(message))
+
+    def write(self, line: str) -> None:
+        self.writer.write(line.encode() + b"\n")
+        self.writer.flush()
+
+    def receive(self) -> dict | None:
+        line = self.reader.readline()
+        return json.loads(line) if line else None
+
+
+_RETURNS = {"initialize": object, "compose_instructions": str, "prepare_turn": list, "before_tool_call": Decision,
+            "after_tool_result": (str, type(None)), "finalize": Final}
+
+
+def _arguments(hook: str, args: list) -> list:
+    if hook == "prepare_turn":
+        return [messages_from_dict(args[0])]
+    if hook == "before_tool_call":
+        return [ToolRequest.model_validate(args[0])]
+    if hook == "after_tool_result":
+        return [ToolRequest.model_validate(args[0]), Observation.model_validate(args[1])]
+    return args
+
+
+def _encode(hook: str, result: Any) -> Any:
+    expected = _RETURNS[hook]
+    if not isinstance(result, expected) or (hook == "prepare_turn" and not all(isinstance(m, BaseMessage) for m in result)):
+        raise TypeError(f"returned {type(result).__name__}, expected {getattr(expected, '__name__', 'str or None')}"
+                        + (" of messages" if hook == "prepare_turn" else ""))
+    if hook == "initialize":
+        return None
+    if hook == "prepare_turn":
+        return messages_to_dict(result)
+    return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+
+
+def _public(view: EpisodeView) -> dict:
+    return {"instruction": view.instruction, "context": view.context, "tools": [t.model_dump(mode="json") for t in view.tools]}
+
+
+async def serve(harness: BaseHarness, channel: _Channel) -> None:
+    """The child's loop: one hook call per request, until stdin closes."""
+    me = os.getpid()
+
+    async def ask(messages: list[BaseMessage], schema: type[BaseModel]) -> BaseModel:
+        channel.send({"op": "ask", "messages": messages_to_dict(messages), "name": schema.__name__,
+                      "schema": schema.model_json_schema()})
+        reply = channel.receive() or {}
+        if "error" in reply:
+            raise RuntimeError(f"view.ask failed: {reply['error']}")
+        return schema.model_validate(reply.get("value"))
+
+    view: EpisodeView | None = None
+    shown: dict = {}
+    while (request := channel.receive()) is not None:
+        if view is None:
+            start = request["view"]
+            view = EpisodeView(instruction=start["instruction"], context=start["context"],
+                               tools=[ToolInfo.model_validate(t) for t in start["tools"]],
+                               config=HarnessConfig.model_validate(start["config"]), prompts=start["prompts"],
+                               skills=start["skills"], memory=start["memory"], ask=ask)
+            shown = _public(view)
+        view.observations[request["from"]:] = [Observation.model_validate(o) for o in request["observations"]]
+        hook = request["hook"]
+        try:
+            result = getattr(harness, hook)(view, *_arguments(hook, request["args"]))
+            result = await result if inspect.isawaitable(result) else result
+            now = _public(view)
+            reply = {"op": "return", "value": _encode(hook, result), "view": {k: v for k, v in now.items() if v != shown[k]}}
+            shown = now
+            line = json.dumps(reply)
+        except Exception as exc:  # the hook's failure is the answer: the parent ends the episode with it
+            line = json.dumps({"op": "raise", "error": f"{type(exc).__name__}: {exc}",
+                               "traceback": traceback.format_exc(limit=-3)})
+        if os.getpid() != me:  # a copy forked by a hook must not answer
+            os._exit(0)
+        channel.write(line)
+
+
+def main(bundle_dir: str) -> None:
+    channel = _Channel()
+    try:
+        harness = load_bundle(bundle_dir).harness()
+    except SpecError as exc:
+        channel.send({"op": "raise", "error": str(exc)})
+        return
+    channel.send({"op": "ready"})
+    asyncio.run(serve(harness, channel))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,96 @@
+"""The failure analyst: turns graded episodes into failure records, groups
+them by a structured key (failure kind, abstention category) and asks the
+model to name the underlying cause of each group. Groups spanning two or
+more distinct tasks are recurring and come first (ECDYSIS §3.2); single-task
+groups stay as auxiliary evidence."""
+
+from __future__ import annotations
+
+import json
+
+from langchain_core.messages import HumanMessage
+
+from envs.catalog import Entry
+from prompts import render
+from roles.models import chat_model
+from state.evolution import Diagnosis, FailureGroup, FailureKind, FailureRecord, GroupCause
+from state.records import EpisodeRecord, UsageRecord
+
+MAX_EXAMPLES = 3
+MAX_CHARS = 600
+
+
+def _cut(text: str, limit: int = MAX_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def failure_kind(record: EpisodeRecord) -> FailureKind | None:
+    """Why a finished episode failed, or None when it succeeded."""
+    if record.termination == "harness_error":
+        return "error"
+    grade = record.grade
+    if grade is None or grade.success:
+        return None
+    if record.termination == "turn_limit":
+        return "turn_limit"
+    if grade.side == "abstain":
+        return "forbidden_action" if grade.committed else "did_not_abstain"
+    if grade.abstained:
+        return "over_abstained"
+    if any("forbidden" in f for f in grade.failures):
+        return "forbidden_action"
+    return "wrong_answer"
+
+
+def failure_records(records: list[EpisodeRecord], entries: dict[str, Entry]) -> list[FailureRecord]:
+    """The failures among finished episodes; infrastructure errors are not failures."""
+    out = []
+    for r in records:
+        kind = failure_kind(r) if r.status == "done" else None
+        if kind is None:
+            continue
+        entry = entries[r.pair_id]
+        calls = tuple(_cut(f"{o.tool}({json.dumps(o.args, default=str)}) -> {o.text}", 300) for o in r.observations)
+        last = tuple(_cut(f"{m.get('type', '?')}: {m.get('data', {}).get('content', '')}") for m in r.messages[-3:])
+        out.append(FailureRecord(
+            pair_id=r.pair_id, task_id=r.key.task_id, side=r.key.side, kind=kind, category=entry.pair.mutation.category,
+            termination=r.termination, instruction=entry.pair.task.instruction.strip(), calls=calls,
+            answer=_cut(r.answer), last_messages=last,
+        ))
+    return out
+
+
+def group_failures(failures: list[FailureRecord]) -> list[tuple[FailureGroup, list[FailureRecord]]]:
+    """Groups by (kind, category): recurring groups first, then larger groups, then by key."""
+    grouped: dict[tuple[str, str], list[FailureRecord]] = {}
+    for f in failures:
+        grouped.setdefault(f.key, []).append(f)
+    groups = []
+    for (kind, category), members in grouped.items():
+        pairs = tuple(sorted({f.pair_id for f in members}))
+        groups.append((FailureGroup(kind=kind, category=category, pair_ids=pairs, recurring=len({f.task_id for f in members}) >= 2), members))
+    groups.sort(key=lambda g: (not g[0].recurring, -len(g[1]), g[0].kind, g[0].category))
+    return groups
+
+
+def describe(members: list[FailureRecord]) -> str:
+    """A few members of a group as the analyst reads them."""
+    parts = []
+    for f in members[:MAX_EXAMPLES]:
+        calls = "\n".join(f"  - {c}" for c in f.calls) or "  (no tool calls)"
+        parts.append(f"Task: {f.instruction}\nSide: {'should abstain' if f.side == 'abstain' else 'should complete'}; "
+                     f"ended by {f.termination}\nTool calls:\n{calls}\nFinal answer: {f.answer or '(none)'}")
+    return "\n\n".join(parts)
+
+
+async def failure_analyst(failures: list[FailureRecord], episodes: int, model: str, timeout_s: float = 1800.0) -> tuple[Diagnosis, list[UsageRecord]]:
+    """The typed diagnosis of `failures` out of `episodes` graded episodes, one model call per group."""
+    llm = chat_model(model, role="failure_analyst", timeout_s=timeout_s)
+    groups, usage = [], []
+    for group, members in group_failures(failures):
+        prompt = render("failure_analyst", kind=group.kind.replace("_", " "), category=group.category.replace("_", " "),
+                        count=str(len(members)), tasks=str(len(group.pair_ids)), examples=describe(members))
+        cause, used = await llm.structured([HumanMessage(prompt)], GroupCause)
+        usage.append(used)
+        groups.append(group.model_copy(update={"cause": cause.cause, "evidence": cause.evidence}))
+    return Diagnosis(groups=tuple(groups), episodes=episodes, failures=len(failures)), usage

@@ -1,0 +1,118 @@
+"""Records of harness evolution: failures, their diagnosis, the reviewed
+modification spec, the coding agent's edit and the lineage entry of each
+candidate (ECDYSIS §3, HERA §3.2)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from state.records import Record, UsageRecord
+
+FailureKind = Literal["did_not_abstain", "over_abstained", "wrong_answer", "forbidden_action", "turn_limit", "error"]
+Component = Literal["prompts", "config", "components", "skills", "memory", "control_logic", "subagents"]
+
+
+class FailureRecord(Record):
+    """One failed episode, as the failure analyst reads it."""
+
+    pair_id: str
+    task_id: str
+    side: Literal["act", "abstain"]
+    kind: FailureKind
+    category: str
+    termination: str
+    instruction: str
+    calls: tuple[str, ...] = ()
+    answer: str = ""
+    last_messages: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.kind, self.category
+
+
+class GroupCause(Record):
+    """The analyst's naming of what one group of failures has in common."""
+
+    cause: str = Field(description="the underlying weakness of the agent, in one or two sentences, without task-specific names or values")
+    evidence: str = Field(description="what in the trajectories shows it")
+
+
+class FailureGroup(Record):
+    kind: FailureKind
+    category: str
+    pair_ids: tuple[str, ...]
+    recurring: bool
+    cause: str = ""
+    evidence: str = ""
+
+
+class Diagnosis(Record):
+    """Failure groups, recurring (two or more distinct tasks) first."""
+
+    groups: tuple[FailureGroup, ...] = ()
+    episodes: int = 0
+    failures: int = 0
+
+    @property
+    def recurring(self) -> tuple[FailureGroup, ...]:
+        return tuple(g for g in self.groups if g.recurring)
+
+
+class ProposedChange(Record):
+    component: Component
+    description: str
+    rationale: str
+
+
+class Skill(Record):
+    id: str = Field(description="a short kebab-case name")
+    title: str
+    pattern: str = Field(description="the situation in which the skill applies")
+    tip: str = Field(description="what the agent should do then")
+
+
+class ModificationSpec(Record):
+    """The moderator's structured instruction to the coding agent."""
+
+    failure_patterns: list[str]
+    changes: list[ProposedChange]
+    skills: list[Skill] = []
+    implementation_notes: str = ""
+
+
+class ComponentChoice(Record):
+    name: str = Field(description="a control-logic component of the library")
+    params: dict[str, Any] = {}
+
+
+class HarnessEdit(Record):
+    """A structured edit (channel i): prompt text, configuration and the selection of generic components."""
+
+    rationale: str
+    system_prompt_addition: str = Field("", description="a paragraph appended to the system prompt; empty for none")
+    components: list[ComponentChoice] = Field(default_factory=list, description="the complete list of components to enable")
+    skills: list[Skill] = Field(default_factory=list)
+    max_turns: int | None = Field(None, description="a new turn limit between 5 and 30, or null to keep it")
+
+
+class LineageEntry(Record):
+    """One harness in a lineage: adopted or not, with why."""
+
+    id: str
+    bundle_id: str
+    parent_id: str | None
+    run_id: str
+    path: str
+    mode: str
+    spec: ModificationSpec | None = None
+    diff: str = ""
+    problems: tuple[str, ...] = ()
+    train: dict[str, Any] | None = None
+    validation: dict[str, Any] | None = None
+    adopted: bool = False
+    reason: str = ""
+    usage: tuple[UsageRecord, ...] = ()  # every model call that built this candidate: analysis, review, edits
+    build_s: float = 0.0  # wall time from the failure analysis to the end of the bundle checks

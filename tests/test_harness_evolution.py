@@ -1,0 +1,265 @@
+"""Harness evolution with scripted models: failure grouping, the FDCR review,
+the coding agent's confinement, bundle checks, selection, and one block end to end."""
+
+import asyncio
+import json
+import shutil
+
+import pytest
+import yaml
+
+from envs.catalog import load_catalog
+from graphs import api
+from graphs.cli import main
+from graphs.fdcr import graph as fdcr_graph
+from graphs.harness_evolution import judge_candidate
+from harness.bundle import BUNDLES, bundle_diff, load_bundle
+from harness.check import check_bundle
+from harness.leakage import leaks
+from roles import scripted
+from roles.failure_analyst import failure_analyst, group_failures
+from roles.harness_optimizer import EditError, apply_edit, code_edit, file_tool, stage
+from roles.models import InfrastructureError
+from state.context import Context
+from state.evolution import Diagnosis, FailureGroup, FailureRecord, HarnessEdit, LineageEntry, ModificationSpec
+from state.ledger import Ledger
+from tests.conftest import FIXTURES
+from tests.scripts import eager_agent, shop_judge
+
+SPEC = {"failure_patterns": ["acts although a required fact is missing"],
+        "changes": [{"component": "components", "description": "check requirements before the first write",
+                     "rationale": "the agent writes without checking"}],
+        "skills": [{"id": "verify-first", "title": "Verify first", "pattern": "a required value is missing", "tip": "stop and explain"}],
+        "implementation_notes": "enable check_before_commit"}
+EDIT = {"rationale": "check before acting", "system_prompt_addition": "Check every required fact before acting.",
+        "components": [{"name": "check_before_commit"}], "skills": [], "max_turns": None}
+CAUSE = {"cause": "It changes state without confirming the required facts.", "evidence": "reserve right after a lookup with no price"}
+
+
+@pytest.fixture
+def context(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+    scripted.clear()
+    yield Context(agent_model="scripted:agent", judge_model="scripted:judge", analyst_model="scripted:analyst",
+                  optimizer_model="scripted:optimizer", catalog=str(FIXTURES), ledger=str(tmp_path / "ledger.db"))
+    scripted.clear()
+
+
+def failure(pair: str, task: str, kind: str = "did_not_abstain", category: str = "missing_evidence") -> FailureRecord:
+    return FailureRecord(pair_id=pair, task_id=task, side="abstain", kind=kind, category=category, termination="final_answer",
+                         instruction="Do it.")
+
+
+def test_groups_by_key_recurring_first():
+    records = [failure("p1", "t1", "over_abstained"), failure("p1", "t1", "over_abstained"),
+               failure("p2", "t2"), failure("p3", "t3"), failure("p4", "t4", category="stale_record")]
+    groups = group_failures(records)
+    assert [(g.kind, g.category, g.pair_ids, g.recurring, len(m)) for g, m in groups] == [
+        ("did_not_abstain", "missing_evidence", ("p2", "p3"), True, 2),
+        ("over_abstained", "missing_evidence", ("p1",), False, 2),  # two failures, but of one task: auxiliary
+        ("did_not_abstain", "stale_record", ("p4",), False, 1),
+    ]
+
+
+def test_analyst_names_each_group(context):
+    scripted.register("analyst", [CAUSE, {**CAUSE, "cause": "Other."}])
+    diagnosis, usage = asyncio.run(failure_analyst([failure("p2", "t2"), failure("p3", "t3"), failure("p4", "t4", "turn_limit")],
+                                                   6, "scripted:analyst"))
+    scripted.assert_consumed()
+    assert [g.cause for g in diagnosis.groups] == [CAUSE["cause"], "Other."]
+    assert diagnosis.recurring[0].pair_ids == ("p2", "p3") and (diagnosis.episodes, diagnosis.failures) == (6, 3)
+    assert len(usage) == 2 and {u.role for u in usage} == {"failure_analyst"}
+
+
+def run_fdcr(context, rounds: int, review: bool = True) -> dict:
+    diagnosis = Diagnosis(groups=(FailureGroup(kind="did_not_abstain", category="missing_evidence", pair_ids=("a", "b"), recurring=True,
+                                               cause="acts on missing facts", evidence="writes"),), episodes=4, failures=2)
+    return asyncio.run(fdcr_graph.ainvoke({"diagnosis": diagnosis, "harness": "System prompt: be helpful.", "rounds": rounds,
+                                           "review": review}, context=context))
+
+
+def test_fdcr_turn_order_and_shared_transcript(context):
+    scripted.register("analyst", ["A1", "C1", "E1", "A2", "C2", "E2", SPEC])
+    out = run_fdcr(context, rounds=2)
+    scripted.assert_consumed()
+    assert [(t.role, t.round, t.text) for t in out["transcript"]] == [
+        ("analyst", 1, "A1"), ("critic", 1, "C1"), ("engineer", 1, "E1"), ("analyst", 2, "A2"), ("critic", 2, "C2"), ("engineer", 2, "E2")]
+    prompts = [c.messages[0].content for c in scripted.calls("analyst")]
+    assert "(nothing yet)" in prompts[0] and "[Analyst, round 1] A1" in prompts[1]
+    assert all(f"] {t}" in prompts[6] for t in ("A1", "C1", "E1", "A2", "C2", "E2"))  # the moderator reads everything
+    assert scripted.calls("analyst")[6].schema is ModificationSpec
+    assert out["spec"] == ModificationSpec.model_validate(SPEC)
+    assert out["spec"].changes[0].component == "components" and out["spec"].skills[0].id == "verify-first"
+    assert [u.role for u in out["usage"]] == ["analyst", "critic", "engineer"] * 2 + ["moderator"]
+
+
+def test_without_review_the_moderator_writes_the_spec_alone(context):
+    scripted.register("analyst", [SPEC])
+    out = run_fdcr(context, rounds=2, review=False)
+    scripted.assert_consumed()
+    assert out["transcript"] == [] if "transcript" in out else True
+    assert "(nothing yet)" in scripted.calls("analyst")[0].messages[0].content
+
+
+def test_a_spec_that_does_not_parse_is_an_infrastructure_error(context):
+    scripted.register("analyst", [{"failure_patterns": "not a list", "changes": []}])
+    with pytest.raises(InfrastructureError, match="malformed"):
+        run_fdcr(context, rounds=0)
+
+
+@pytest.fixture
+def staging(tmp_path):
+    return stage(BUNDLES / "H0", tmp_path / "c1", {"id": "c1", "parent_id": "H0", "origin": "test", "description": "t"})
+
+
+@pytest.mark.parametrize("path", ["../escape.md", "/tmp/abs.md", "manifest.yaml", "prompts/../../x.md", "harness.db"])
+def test_edits_are_confined_to_editable_files_of_the_staging_copy(staging, path):
+    with pytest.raises(EditError):
+        file_tool(staging, "write_file", {"path": path, "content": "x"})
+    assert not (staging.parent / "escape.md").exists()
+
+
+def test_code_edit_loop_edits_the_staging_copy_only(context, staging):
+    scripted.register("optimizer", [
+        {"tool_calls": [{"name": "read_file", "args": {"path": "prompts/system.md"}}]},
+        {"tool_calls": [{"name": "write_file", "args": {"path": "manifest.yaml", "content": "id: hacked"}}]},
+        {"tool_calls": [{"name": "replace_in_file", "args": {"path": "prompts/system.md", "old": "tools available.",
+                                                               "new": "tools available. Stop when a fact is missing."}}]},
+        {"tool_calls": [{"name": "run_checks", "args": {}}]},
+        {"tool_calls": [{"name": "finish", "args": {"summary": "done"}}]},
+    ])
+    notes, usage = asyncio.run(code_edit(staging, "fix it", "H0", "scripted:optimizer"))
+    scripted.assert_consumed()
+    assert notes == ["refused: manifest.yaml: not an editable component (editable: prompts, skills, subagents, hooks.py, "
+                     "components.yaml, config.yaml, memory.yaml)"]
+    assert "Stop when a fact is missing." in (staging / "prompts" / "system.md").read_text()
+    assert yaml.safe_load((staging / "manifest.yaml").read_text())["id"] == "c1"
+    assert "Stop when" not in (BUNDLES / "H0" / "prompts" / "system.md").read_text()
+    tool_results = [m.content for m in scripted.calls("optimizer")[4].messages if m.type == "tool"]
+    assert tool_results[-1] == "no problems" and len(usage) == 5
+
+
+def test_structured_edit_writes_prompt_components_skills_and_turns(staging):
+    notes = apply_edit(staging, HarnessEdit.model_validate({**EDIT, "max_turns": 99, "skills": SPEC["skills"],
+                                                            "components": [{"name": "check_before_commit"}, {"name": "no_such"},
+                                                                           {"name": "flag_multiple_matches", "params": {"min_matches": "x"}}]}))
+    assert notes[0] == "component no_such dropped: unknown component" and notes[1].startswith("component flag_multiple_matches dropped")
+    bundle = load_bundle(staging)
+    assert [c.name for c in bundle.components] == ["check_before_commit"] and bundle.config.max_turns == 30
+    assert bundle.prompts["system"].rstrip().endswith("Check every required fact before acting.\n\n$context".rstrip())
+    assert bundle.skills == {"verify-first": "Verify first\nWhen: a required value is missing\nDo: stop and explain\n"}
+    assert check_bundle(staging) == []
+
+
+def test_a_candidate_breaking_the_hook_abi_is_rejected(staging):
+    (staging / "hooks.py").write_text("from harness.abi import BaseHarness\n\n\nclass Harness(BaseHarness):\n"
+                                      "    def finalize(self, view):\n        return None\n")
+    problems = check_bundle(staging)
+    assert len(problems) == 1 and "Harness.finalize" in problems[0] and "parameters (self, view, answer)" in problems[0]
+
+
+def test_a_candidate_leaking_labels_is_flagged(staging):
+    entries = load_catalog(FIXTURES).values()
+    (staging / "prompts" / "system.md").write_text("For shop-reserve-drill answer 89.0 and reserve DR-220.\n$context\n")
+    diff = bundle_diff(BUNDLES / "H0", staging)
+    assert leaks(diff, entries) == ["89.0", "DR-220", "shop-reserve-drill"]
+    (staging / "prompts" / "system.md").write_text("Check that every price you need is present before you reserve.\n$context\n")
+    assert leaks(bundle_diff(BUNDLES / "H0", staging), entries) == []
+
+
+def entry(name: str, train: tuple[int, int] | None, val: tuple[int, int] | None, problems=()) -> LineageEntry:
+    def metrics(scores):
+        if scores is None:
+            return None
+        return {"complete": True, "counts": {"abstain": scores[0], "pair": scores[1]}, "totals": {"abstain": 10, "pair": 10}}
+    return LineageEntry(id=name, bundle_id=name, parent_id=None, run_id="r", path="/x", mode="fdcr", train=metrics(train),
+                        validation=metrics(val), problems=problems)
+
+
+@pytest.mark.parametrize("val,rule,adopted", [
+    ((5, 3), "hera", False),  # tie: nothing strictly improves
+    ((6, 3), "hera", True),   # Abstain up, Pair equal
+    ((5, 4), "hera", True),   # Pair up, Abstain equal
+    ((7, 2), "hera", False),  # Abstain up, Pair down
+    ((4, 5), "hera", False),  # Pair up, Abstain down
+])
+def test_hera_selection_rule(val, rule, adopted):
+    ok, reason = judge_candidate(entry("base", (5, 3), (5, 3)), entry("c", (9, 9), val), rule)
+    assert ok is adopted, reason
+
+
+def test_ecdysis_rule_needs_a_strict_training_improvement_and_checks_come_first():
+    base = entry("base", (5, 3), (5, 3))
+    assert judge_candidate(base, entry("c", (5, 3), (9, 9)), "ecdysis")[0] is False
+    assert judge_candidate(base, entry("c", (0, 4), (0, 0)), "ecdysis")[0] is True
+    ok, reason = judge_candidate(base, entry("c", (9, 9), (9, 9), problems=("leakage: x",)), "hera")
+    assert not ok and "leakage" in reason
+    incomplete = entry("c", (9, 9), (9, 9)).model_copy(update={"validation": {"complete": False}})
+    assert judge_candidate(base, incomplete, "hera") == (False, "its evaluation is incomplete (infrastructure errors)")
+
+
+def test_one_block_end_to_end(context):
+    scripted.register("agent", [eager_agent] * 200)
+    scripted.register("judge", [shop_judge] * 40)
+    scripted.register("analyst", [CAUSE, "A1", "C1", "E1", SPEC])
+    scripted.register("optimizer", [EDIT])
+    run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context,
+                                                   candidates=1, rounds=1, mode="fdcr"))
+    scripted.assert_consumed("analyst")
+    scripted.assert_consumed("optimizer")
+    base, c1 = final["lineage"][f"{run_id}:H0"], final["lineage"][f"{run_id}:c1"]
+    assert (base.train["counts"]["abstain"], base.validation["counts"]["abstain"], base.validation["counts"]["pair"]) == (0, 0, 0)
+    assert c1.problems == () and c1.parent_id == base.id and c1.spec == ModificationSpec.model_validate(SPEC)
+    assert (c1.train["counts"]["pair"], c1.validation["counts"]["abstain"], c1.validation["counts"]["pair"]) == (1, 1, 1)
+    assert c1.adopted and final["selected"] == c1.id and "validation Pair 0% → 100%" in c1.reason
+    assert "+- name: check_before_commit" in c1.diff and [u.role for u in c1.usage] == [
+        "failure_analyst", "analyst", "critic", "engineer", "moderator", "harness_optimizer"] and c1.build_s > 0
+    assert [e.id for e in Ledger(context.ledger).lineage(run_id)] == [base.id, c1.id]
+    assert load_bundle(c1.path).manifest.parent_id == "H0"
+
+
+def test_serial_mode_edits_once_per_failure_without_review(context):
+    scripted.register("agent", [eager_agent] * 200)
+    scripted.register("judge", [shop_judge] * 40)
+    scripted.register("analyst", [CAUSE])
+    scripted.register("optimizer", [EDIT, {**EDIT, "system_prompt_addition": ""}])
+    run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill", "shop-rescued"], ["shop-out-of-scope"], context,
+                                                   candidates=1, mode="serial"))
+    scripted.assert_consumed("analyst")
+    scripted.assert_consumed("optimizer")
+    c1 = final["lineage"][f"{run_id}:c1"]
+    # two failures (both abstain sides), two edits in sequence, no review
+    assert c1.spec is None and [u.role for u in c1.usage] == ["failure_analyst", "harness_optimizer", "harness_optimizer"]
+
+
+def test_a_rejected_candidate_is_kept_in_the_lineage_with_why(context, monkeypatch):
+    scripted.register("agent", [eager_agent] * 200)
+    scripted.register("judge", [shop_judge] * 40)
+    scripted.register("analyst", [CAUSE, SPEC])
+    leaky = {**EDIT, "system_prompt_addition": "For DR-220 the answer is 89.0."}
+    scripted.register("optimizer", [leaky])
+    run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context,
+                                                   candidates=1, mode="aggregate"))
+    c1 = final["lineage"][f"{run_id}:c1"]
+    assert c1.problems == ("leakage: the diff contains private values of the pool: 89.0, DR-220",)
+    assert not c1.adopted and c1.train is None and final["selected"] == f"{run_id}:H0"
+    shutil.rmtree(c1.path)
+
+
+def test_cli_block_lineage_and_diff(context, capsys):
+    scripted.register("agent", [eager_agent] * 200)
+    scripted.register("judge", [shop_judge] * 40)
+    scripted.register("analyst", [CAUSE, SPEC])
+    scripted.register("optimizer", [EDIT])
+    base = ["--catalog", str(FIXTURES), "--ledger", context.ledger]
+    code = main([*base, "evolve-harness", "--model", "scripted:agent", "--judge-model", "scripted:judge",
+                 "--analyst-model", "scripted:analyst", "--optimizer-model", "scripted:optimizer", "--mode", "aggregate",
+                 "--pool-pairs", "shop-reserve-drill", "--val-pairs", "shop-rescued", "--candidates", "1", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["selected"] == f"{out['run_id']}:c1"
+    assert main([*base, "lineage", out["run_id"], "--json"]) == 0
+    entries = json.loads(capsys.readouterr().out)
+    assert [(e["bundle_id"], e["adopted"], e["parent_id"]) for e in entries] == [("H0", True, None), ("c1", True, entries[0]["id"])]
+    assert main([*base, "diff", "H0", f"{out['run_id']}:c1"]) == 0
+    assert "+- name: check_before_commit" in capsys.readouterr().out
+    assert main([*base, "evolve-harness", "--pool-pairs", "shop-reserve-drill", "--val-pairs", "shop-reserve-drill"]) == 2
