@@ -5,7 +5,9 @@
    number of bare model calls. Goal: under 2%.
 2. Throughput: episodes per second through the evaluate graph at
    concurrency 1, 8, 32 and 64, against the ideal (concurrency / episode
-   time at zero overhead). Goal: at least 90% of ideal at 64.
+   time at zero overhead). Goal: at least 90% of ideal at 64. Each level runs
+   twice, with Python's default garbage collector settings and with the
+   tuning `hera eval` applies (`graphs.api.tune_gc`).
 
     python benchmarks/bench_runtime.py [--latency-ms 200] [--turns 5] [--json]
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import tempfile
@@ -32,6 +35,7 @@ from state.context import Context, EpisodeRequest
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 PAIR = "shop-reserve-drill"
+DEFAULT_GC = gc.get_threshold()
 
 
 def slow_agent(latency_s: float, turns: int):
@@ -74,7 +78,7 @@ async def throughput(concurrency: int, latency_s: float, turns: int, waves: int,
     scripted.register("agent", [slow_agent(latency_s, turns)] * (episodes * turns))
     scripted.register("judge", [judge] * episodes)
     ctx = Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES),
-                  ledger=str(tmp / f"ledger-{concurrency}.db"))
+                  ledger=str(tmp / f"ledger-{concurrency}-{waves}-{gc.get_freeze_count()}.db"))  # no reuse between runs
     start, cpu = time.perf_counter(), time.process_time()
     # both sides of the pair, so trials × 2 = episodes
     _, metrics = await api.evaluate("H0", [PAIR], ctx, trials=episodes // 2, concurrency=concurrency)
@@ -84,7 +88,7 @@ async def throughput(concurrency: int, latency_s: float, turns: int, waves: int,
                          "without an infrastructure error; the benchmark measures only clean runs")
     ideal = concurrency / (turns * latency_s)
     actual = metrics.finished / wall
-    return {"concurrency": concurrency, "episodes": metrics.finished, "wall_s": wall, "eps_per_s": actual,
+    return {"concurrency": concurrency, "gc": "tuned" if gc.get_freeze_count() else "default", "episodes": metrics.finished, "wall_s": wall, "eps_per_s": actual,
             "ideal_eps_per_s": ideal, "of_ideal_pct": 100 * actual / ideal, "cpu_ms_per_episode": 1e3 * cpu / metrics.finished}
 
 
@@ -100,8 +104,15 @@ def main() -> None:
     latency = args.latency_ms / 1000
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["HERA_RUNS"] = tmp
-        result = {"overhead": asyncio.run(overhead(latency, args.turns, args.repeats)),
-                  "throughput": [asyncio.run(throughput(c, latency, args.turns, args.waves, Path(tmp))) for c in args.concurrency]}
+        result = {"overhead": asyncio.run(overhead(latency, args.turns, args.repeats)), "throughput": []}
+        asyncio.run(throughput(2, latency, args.turns, 1, Path(tmp)))  # warm-up: the bundle check, loads and imports happen once
+        for c in args.concurrency:
+            for tuned in (False, True):
+                gc.unfreeze()
+                gc.set_threshold(*DEFAULT_GC)
+                if tuned:
+                    api.tune_gc()
+                result["throughput"].append(asyncio.run(throughput(c, latency, args.turns, args.waves, Path(tmp))))
     if args.json:
         print(json.dumps(result, indent=1))
         return
@@ -110,10 +121,10 @@ def main() -> None:
     console.print(f"per turn: bare model call {o['bare_call_ms']:.1f} ms, runtime turn {o['runtime_turn_ms']:.1f} ms "
                   f"→ overhead {o['overhead_pct']:.2f}% (goal < 2%)")
     table = Table(title=f"episodes/s, {args.turns} turns × {args.latency_ms:.0f} ms model latency")
-    for col in ("concurrency", "episodes", "wall s", "episodes/s", "ideal", "% of ideal", "CPU ms/episode"):
+    for col in ("concurrency", "gc", "episodes", "wall s", "episodes/s", "ideal", "% of ideal", "CPU ms/episode"):
         table.add_column(col, justify="right")
     for t in result["throughput"]:
-        table.add_row(str(t["concurrency"]), str(t["episodes"]), f"{t['wall_s']:.1f}", f"{t['eps_per_s']:.2f}",
+        table.add_row(str(t["concurrency"]), t["gc"], str(t["episodes"]), f"{t['wall_s']:.1f}", f"{t['eps_per_s']:.2f}",
                       f"{t['ideal_eps_per_s']:.2f}", f"{t['of_ideal_pct']:.1f}", f"{t['cpu_ms_per_episode']:.1f}")
     console.print(table)
 

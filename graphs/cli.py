@@ -524,6 +524,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command in ("eval", "evolve-harness"):
+        api.tune_gc()
     try:
         return args.run(args)
     except (UsageError, SpecError) as exc:

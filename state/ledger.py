@@ -93,15 +93,11 @@ class Ledger:
         return EpisodeRecord.model_validate_json(row["record"]) if row else None
 
     def episodes(self, run_id: str | None = None) -> list[EpisodeRecord]:
-        if "episodes" not in self.db.table_names():
-            return []
         where, args = ("id in (select episode_id from attempts where run_id = ?)", [run_id]) if run_id else (None, None)
-        return [EpisodeRecord.model_validate_json(r["record"]) for r in self.db["episodes"].rows_where(where, args, order_by="rowid")]
+        return [EpisodeRecord.model_validate_json(r["record"]) for r in self._rows("episodes", where, args, order_by="rowid")]
 
     def attempts(self, run_id: str) -> list[dict]:
-        if "attempts" not in self.db.table_names():
-            return []
-        return list(self.db["attempts"].rows_where("run_id = ?", [run_id], select="episode_id, status, error, created_at"))
+        return self._rows("attempts", "run_id = ?", [run_id], select="episode_id, status, error, created_at")
 
     def record_run(self, run_id: str, **fields) -> None:
         with self._lock:
@@ -109,9 +105,7 @@ class Ledger:
                                    pk="id", alter=True)
 
     def runs(self) -> list[dict]:
-        if "runs" not in self.db.table_names():
-            return []
-        return list(self.db["runs"].rows_where(order_by="updated_at desc"))
+        return self._rows("runs", order_by="updated_at desc")
 
     def run(self, run_id: str) -> dict | None:
         return self._one("runs", "id = ?", [run_id])
@@ -131,9 +125,7 @@ class Ledger:
                                        "entry": entry.model_dump_json(), "updated_at": _now()}, pk="id")
 
     def lineage(self, run_id: str | None = None) -> list[LineageEntry]:
-        if "lineage" not in self.db.table_names():
-            return []
-        rows = self.db["lineage"].rows_where("run_id = ?" if run_id else None, [run_id] if run_id else None, order_by="rowid")
+        rows = self._rows("lineage", "run_id = ?" if run_id else None, [run_id] if run_id else None, order_by="rowid")
         return [LineageEntry.model_validate_json(r["entry"]) for r in rows]
 
     def _insert(self, table: str, row: dict, **how) -> None:
@@ -147,11 +139,18 @@ class Ledger:
             self.db[table].insert(row, **how)
 
     def _one(self, table: str, where: str, args: list) -> dict | None:
-        try:
-            cursor = self.db.conn.execute(f"select * from [{table}] where {where} limit 1", args)
-        except sqlite3.OperationalError as exc:
-            if str(exc).startswith("no such table"):
-                return None
-            raise
-        row = cursor.fetchone()
-        return dict(zip([c[0] for c in cursor.description], row)) if row else None
+        with self._lock:  # the connection is shared by threads: one statement at a time
+            try:
+                cursor = self.db.conn.execute(f"select * from [{table}] where {where} limit 1", args)
+            except sqlite3.OperationalError as exc:
+                if str(exc).startswith("no such table"):
+                    return None
+                raise
+            row = cursor.fetchone()
+            return dict(zip([c[0] for c in cursor.description], row)) if row else None
+
+    def _rows(self, table: str, where: str | None = None, args: list | None = None, **how) -> list[dict]:
+        with self._lock:
+            if table not in self.db.table_names():
+                return []
+            return list(self.db[table].rows_where(where, args, **how))
