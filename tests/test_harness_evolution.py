@@ -263,3 +263,26 @@ def test_cli_block_lineage_and_diff(context, capsys):
     assert main([*base, "diff", "H0", f"{out['run_id']}:c1"]) == 0
     assert "+- name: check_before_commit" in capsys.readouterr().out
     assert main([*base, "evolve-harness", "--pool-pairs", "shop-reserve-drill", "--val-pairs", "shop-reserve-drill"]) == 2
+
+
+def test_a_failed_block_resumes_where_it_stopped(context):
+    scripted.register("agent", [eager_agent] * 200)
+    scripted.register("judge", [shop_judge] * 40)
+    scripted.register("analyst", [CAUSE, SPEC])
+    scripted.register("optimizer", [InfrastructureError("connection", "endpoint down")])
+    with pytest.raises(InfrastructureError):
+        asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context, candidates=1,
+                                       mode="aggregate", run_id="evo-1"))
+    scripted.assert_consumed("analyst")
+    scripted.register("agent", [eager_agent] * 200)  # only the candidate's episodes: the baseline's are in the checkpoint
+    scripted.register("judge", [shop_judge] * 40)
+    scripted.register("analyst", [])  # the diagnosis and the spec are not asked for again
+    scripted.register("optimizer", [EDIT])
+    run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context, run_id="evo-1"))
+    scripted.assert_consumed("optimizer")
+    assert run_id == "evo-1" and final["selected"] == "evo-1:c1"
+    baseline_runs = [r["id"] for r in Ledger(context.ledger).runs() if r["id"].startswith("evo-1-base")]
+    assert sorted(baseline_runs) == ["evo-1-base-train", "evo-1-base-validation"]
+    # c1 alone, on both sides of the train and the validation pair: lookup, write sent back for a check, write, answer (4)
+    # on the act side, lookup, write sent back, refusal (3) on the abstain side; the baseline's 12 turns are not repeated
+    assert len(scripted.calls("agent")) == 2 * (4 + 3)
