@@ -306,11 +306,12 @@ def _load_pair(path: Path, env: EnvironmentSpec) -> PairSpec:
         pair = PairSpec.model_validate(raw)
     except ValidationError as exc:
         raise _validation_error(path, exc) from None
-    _check_pair(path, pair, env)
+    check_pair(path, pair, env)
     return pair
 
 
-def _check_pair(path: Path, pair: PairSpec, env: EnvironmentSpec) -> None:
+def check_pair(path: Path, pair: PairSpec, env: EnvironmentSpec) -> None:
+    """A pair names only tools, tables and columns of its environment; raises SpecError naming the field."""
     if pair.id != path.stem:
         raise SpecError(path, "id", f"{path.stem!r}, the file's name (got {pair.id!r})")
     if pair.environment != env.id:

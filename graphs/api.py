@@ -23,6 +23,7 @@ from graphs.metrics import Metrics
 from state.context import Context
 from harness.bundle import load_bundle
 from state.ledger import Ledger, runs_dir
+from state.evolution import Diagnosis
 from state.records import EpisodeRecord
 
 
@@ -31,6 +32,8 @@ SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
     ("state.records", name) for name in ("EpisodeRecord", "EpisodeKey", "Grade", "Observation", "UsageRecord", "Certification", "CheckResult")
 ] + [("state.evolution", name) for name in ("FailureRecord", "FailureGroup", "Diagnosis", "ProposedChange", "Skill",
                                             "ModificationSpec", "ComponentChoice", "LineageEntry")
+] + [("state.evolution", name) for name in ("ProposalTarget", "Review", "ProposalOutcome")
+] + [("state.records", name) for name in ("Mutation", "StateOp", "ToolPatch", "Scope", "Evidence")
 ] + [("state.context", "EpisodeRequest"), ("graphs.metrics", "Metrics"), ("graphs.fdcr", "Turn")])
 
 
@@ -66,6 +69,7 @@ async def evaluate(
     concurrency: int = 1,
     run_id: str | None = None,
     on_episode: Callable[[EpisodeRecord], None] | None = None,
+    sides: list[str] | None = None,
 ) -> tuple[str, Metrics]:
     """Runs (or resumes, given the id of an interrupted run) an evaluation; the run id and its metrics."""
     run_id = run_id or new_run_id()
@@ -77,7 +81,8 @@ async def evaluate(
         graph = evaluate_graph.builder.compile(checkpointer=saver, name="evaluate")
         config = {"configurable": {"thread_id": run_id}, "max_concurrency": concurrency, "recursion_limit": 100}
         previous = await graph.aget_state(config)
-        payload = None if previous.next else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials, "seed": seed}
+        payload = None if previous.next else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials, "seed": seed,
+                                              **({"sides": sides} if sides else {})}
         if payload:
             _check_same_run(run_id, payload, context)
         async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="sync"):
@@ -103,7 +108,7 @@ def _check_same_run(run_id: str, payload: dict, context: Context) -> None:
     recorded = recorded_run(run_id, context)
     if recorded is None:
         return
-    differs = [k for k, v in recorded.items() if v is not None and payload[k] != v and not (k == "bundle" and load_bundle(payload[k]).hash == load_bundle(v).hash)]
+    differs = [k for k, v in recorded.items() if v is not None and payload.get(k) != v and not (k == "bundle" and load_bundle(payload[k]).hash == load_bundle(v).hash)]
     if differs:
         raise ValueError(f"run {run_id} evaluated " + ", ".join(f"{k}={recorded[k]!r}" for k in differs)
                          + "; resume it with the same settings (omit them to reuse the recorded ones) or start a new run")
@@ -144,5 +149,42 @@ async def evolve_harness(
             else:
                 for node, update in value.items():
                     on_event(node, update or {})
+        final = await graph.aget_state(config)
+    return run_id, final.values
+
+
+async def evolve_envs(
+    parents: list[str],
+    diagnosis: Diagnosis,
+    context: Context,
+    *,
+    harness: str = "H0",
+    proposers: int = 5,
+    max_refinements: int = 2,
+    batch_size: int = 5,
+    tau: float = 0.4,
+    batches: int = 1,
+    budget: int = 2,
+    run_id: str | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+) -> tuple[str, dict]:
+    """Runs (or resumes) environment evolution; the run id and its final state (outcomes, screenings, admitted)."""
+    from graphs import env_evolution
+
+    run_id = run_id or new_run_id()
+    runs_dir().mkdir(parents=True, exist_ok=True)
+    async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / "evolution.db")) as saver:
+        saver.serde = SERDE
+        graph = env_evolution.builder.compile(checkpointer=saver, name="env_evolution")
+        config = {"configurable": {"thread_id": run_id}, "recursion_limit": 100}
+        previous = await graph.aget_state(config)
+        payload = None if previous.next else {
+            "run_id": run_id, "parents": parents, "diagnosis": diagnosis, "harness": harness, "proposers": proposers,
+            "max_refinements": max_refinements, "batch_size": batch_size, "tau": tau, "batches": batches, "budget": budget}
+        async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="sync", subgraphs=True):
+            namespace, value = update
+            for node, data in value.items():
+                if on_event:
+                    on_event(node, data or {})
         final = await graph.aget_state(config)
     return run_id, final.values

@@ -12,11 +12,13 @@ import itertools
 import json
 import sys
 from collections import Counter
+from pathlib import Path
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.tree import Tree
 
@@ -32,7 +34,8 @@ from graphs.api import split_pairs
 from graphs.metrics import Metrics
 from harness.bundle import bundle_diff
 from state.context import Context
-from state.evolution import LineageEntry
+from roles.failure_analyst import failure_analyst, failure_records
+from state.evolution import Diagnosis, LineageEntry
 from state.ledger import Ledger
 from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 
@@ -395,6 +398,65 @@ def evolve_harness(args: argparse.Namespace) -> int:
     return 0 if final.get("selected") else 1
 
 
+def load_diagnosis(source: str, context: Context, catalog: str) -> Diagnosis:
+    """A diagnosis from a JSON file, or made by the failure analyst from an evaluation run's episodes."""
+    path = Path(source)
+    if path.is_file():
+        try:
+            return Diagnosis.model_validate_json(path.read_text())
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise UsageError(f"{path}: {'.'.join(map(str, err['loc'])) or '(root)'}: {err['msg']} (expected a Diagnosis JSON)") from None
+    ledger = Ledger(context.ledger)
+    if ledger.run(source) is None:
+        raise UsageError(f"--diagnosis {source!r}: neither a file nor a run in the ledger (see `hera runs list`)")
+    records = [r for r in ledger.episodes(source) if r.status == "done"]
+    entries = {r.pair_id: load_entry(r.pair_id, catalog) for r in records}
+    if any(e.pair.split != "train" for e in entries.values()):
+        raise UsageError(f"run {source} holds validation or bench episodes; a diagnosis may only come from training pairs")
+    diagnosis, _ = asyncio.run(failure_analyst(failure_records(records, entries), len(records), context.analyst_model, context.model_timeout_s))
+    return diagnosis
+
+
+def evolve_envs(args: argparse.Namespace) -> int:
+    parents = args.parents or split_pairs("train", args.catalog)[: args.pool_size]
+    for pair_id in parents:
+        if _entry(args, pair_id).pair.split != "train":
+            raise UsageError(f"{pair_id} is not a training pair; only training pairs may be parents")
+    context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
+                      proposer_model=args.proposer_model or args.model, reviewer_model=args.reviewer_model or args.model,
+                      catalog=args.catalog, ledger=args.ledger)
+    diagnosis = load_diagnosis(args.diagnosis, context, args.catalog)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("designing proposals")
+
+        def on_event(node: str, value: dict) -> None:
+            for outcome in value.get("outcomes", {}).values():
+                style = "green" if outcome.status == "certified" else "yellow"
+                console.print(f"[{style}]{outcome.status}[/] {outcome.pair_id} after {outcome.rounds} round(s): {escape(outcome.reason[:200])}")
+            for s in value.get("screenings", []):
+                console.print(f"batch {'admitted' if s['admitted'] else 'not admitted'}: failed to abstain on "
+                              f"{len(s['failed_to_abstain'])}/{len(s['batch'])} (needed {s['needed']})")
+            progress.update(task, description=f"{node} done")
+
+        run_id, final = asyncio.run(api.evolve_envs(
+            parents, diagnosis, context, harness=args.harness, proposers=args.proposers, max_refinements=args.max_refinements,
+            batch_size=args.batch_size, tau=args.tau, batches=args.batches, budget=args.budget, run_id=args.run_id, on_event=on_event))
+    outcomes = list(final.get("outcomes", {}).values())
+    funnel = {"proposals": len(outcomes), "passed_review": sum(any("accepts" in r for r in o.reviews) for o in outcomes),
+              "certified": sum(o.status == "certified" for o in outcomes), "admitted": len(final.get("admitted", []))}
+    if args.json:
+        print(json.dumps({"run_id": run_id, "funnel": funnel, "outcomes": [o.model_dump() for o in outcomes],
+                          "screenings": final.get("screenings", []), "admitted": final.get("admitted", [])}, indent=1, default=str))
+    else:
+        table = Table(title=f"environment evolution {run_id}")
+        for col in funnel:
+            table.add_column(col.replace("_", " "), justify="right")
+        table.add_row(*(str(v) for v in funnel.values()))
+        console.print(table)
+    return 0 if final.get("admitted") else 1
+
+
 def lineage_tree(run_id: str, entries: list[LineageEntry]) -> Tree:
     tree = Tree(f"lineage of {run_id}")
     nodes: dict[str | None, Tree] = {None: tree}
@@ -511,6 +573,24 @@ def parser() -> argparse.ArgumentParser:
     evo.add_argument("--run-id", help="resume this run")
     evo.add_argument("--json", action="store_true")
     evo.set_defaults(run=evolve_harness)
+    ee = top.add_parser("evolve-envs", help="grow the training pool: mutation proposals → review → certification → batch screening")
+    ee.add_argument("--diagnosis", required=True, help="a Diagnosis JSON file, or an evaluation run on training pairs")
+    ee.add_argument("--model", default="local")
+    ee.add_argument("--judge-model")
+    ee.add_argument("--proposer-model", help="environment designer and mutation proposers (default: --model)")
+    ee.add_argument("--reviewer-model", help="semantic and rescue reviewers (default: --model)")
+    ee.add_argument("--harness", default="H0", help="the current harness, which screens each batch")
+    ee.add_argument("--parents", nargs="*", help="training pairs to mutate (default: the first --pool-size of the train split)")
+    ee.add_argument("--pool-size", type=int, default=20)
+    ee.add_argument("--proposers", type=int, default=5, help="proposals per design round")
+    ee.add_argument("--max-refinements", type=int, default=2)
+    ee.add_argument("--batch-size", type=int, default=5)
+    ee.add_argument("--tau", type=float, default=0.4, help="admit a batch when the harness fails to abstain on this share of it")
+    ee.add_argument("--batches", type=int, default=1, help="batches to admit")
+    ee.add_argument("--budget", type=int, default=3, help="design rounds at most")
+    ee.add_argument("--run-id", help="resume this run")
+    ee.add_argument("--json", action="store_true")
+    ee.set_defaults(run=evolve_envs)
     lin = top.add_parser("lineage", help="the lineage tree of harness evolution runs, with scores")
     lin.add_argument("run_id", nargs="?", metavar="RUN")
     lin.add_argument("--json", action="store_true")
@@ -524,7 +604,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command in ("eval", "evolve-harness"):
+    if args.command in ("eval", "evolve-harness", "evolve-envs"):
         api.tune_gc()
     try:
         return args.run(args)

@@ -18,7 +18,7 @@ from langchain_core.messages import messages_to_dict
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import CATALOG, Entry, load_entry, side_env
 from envs.grading import ReplayMismatch, deterministic_grade
@@ -44,6 +44,7 @@ class EvaluateInput(TypedDict):
     pair_ids: list[str]
     trials: int
     seed: int
+    sides: NotRequired[list[str]]  # default both; a screening runs only the abstain side (and is scored as incomplete)
 
 
 class EvaluateOutput(TypedDict, total=False):
@@ -99,7 +100,7 @@ def fan_out_episodes(state: EvaluateState) -> list[Send]:
     return [
         Send("episode_worker", EpisodeTask(run_id=state["run_id"], request=EpisodeRequest(
             pair_id=p, side=side, bundle=state["bundle"], seed=state["seed"], trial=t)))
-        for p in state["pair_ids"] for t in range(state["trials"]) for side in ("act", "abstain")
+        for p in state["pair_ids"] for t in range(state["trials"]) for side in state.get("sides") or ("act", "abstain")
     ]
 
 

@@ -13,6 +13,8 @@ class Context:
     judge_model: str = "local"
     analyst_model: str = "local"  # failure analyst and the FDCR review roles
     optimizer_model: str = "local"  # the coding agent that edits harness candidates
+    proposer_model: str = "local"  # environment designer and mutation proposers
+    reviewer_model: str = "local"  # semantic and rescue reviewers
     catalog: str = ""
     ledger: str | None = None
     max_infra_retries: int = 2

@@ -116,3 +116,31 @@ class LineageEntry(Record):
     reason: str = ""
     usage: tuple[UsageRecord, ...] = ()  # every model call that built this candidate: analysis, review, edits
     build_s: float = 0.0  # wall time from the failure analysis to the end of the bundle checks
+
+
+class ProposalTarget(Record):
+    """What one mutation proposer is asked for: a parent pair's feasible task, a category, an idea."""
+
+    id: str
+    parent: str
+    category: str
+    idea: str = ""
+
+
+class Review(Record):
+    """A reviewer's verdict on one proposed mutation."""
+
+    accept: bool = Field(description="true only if the proposal passes this review")
+    reasons: str = Field(description="why; for a rejection, what to change")
+
+
+class ProposalOutcome(Record):
+    target: ProposalTarget
+    status: Literal["certified", "rejected"]
+    pair_id: str
+    mutation: dict[str, Any] | None = None
+    rounds: int = 0
+    reviews: tuple[str, ...] = ()
+    checks: tuple[str, ...] = ()
+    reason: str = ""
+    usage: tuple[UsageRecord, ...] = ()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from state.evolution import LineageEntry
+from state.evolution import LineageEntry, ProposalOutcome
 from state.records import Certification, EpisodeRecord, JudgeVerdict
 
 
@@ -127,6 +127,23 @@ class Ledger:
     def lineage(self, run_id: str | None = None) -> list[LineageEntry]:
         rows = self._rows("lineage", "run_id = ?" if run_id else None, [run_id] if run_id else None, order_by="rowid")
         return [LineageEntry.model_validate_json(r["entry"]) for r in rows]
+
+    def record_proposal(self, run_id: str, outcome: ProposalOutcome) -> None:
+        with self._lock:
+            self.db["proposals"].upsert({"id": outcome.pair_id, "run_id": run_id, "parent": outcome.target.parent,
+                                         "category": outcome.target.category, "status": outcome.status, "rounds": outcome.rounds,
+                                         "outcome": outcome.model_dump_json(), "updated_at": _now()}, pk="id")
+
+    def proposals(self, run_id: str) -> list[ProposalOutcome]:
+        return [ProposalOutcome.model_validate_json(r["outcome"]) for r in self._rows("proposals", "run_id = ?", [run_id], order_by="rowid")]
+
+    def record_batch(self, run_id: str, screening: dict) -> None:
+        with self._lock:
+            self.db["batches"].insert({"run_id": run_id, **{k: json.dumps(v) if isinstance(v, list) else v for k, v in screening.items()},
+                                       "created_at": _now()}, alter=True)
+
+    def batches(self, run_id: str) -> list[dict]:
+        return self._rows("batches", "run_id = ?", [run_id], order_by="rowid")
 
     def _insert(self, table: str, row: dict, **how) -> None:
         """One plain INSERT, the per-episode path; sqlite-utils, which creates

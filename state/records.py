@@ -109,7 +109,10 @@ class EnvironmentSpec(Record):
     parent_hash: str | None = None
 
     def table(self, name: str) -> TableSpec:
-        return next(t for t in self.tables if t.name == name)
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(f"no table {name!r} in environment {self.id!r}")  # not StopIteration: it would hang a to_thread await
 
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "EnvironmentSpec":
         copy = super().model_copy(update=update, deep=deep)

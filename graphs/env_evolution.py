@@ -1,0 +1,307 @@
+"""The `env_evolution` graph: failure-guided growth of the training pool by
+environment mutation (HERA §3.2 "Environment evolution", App. B.3–B.4).
+
+`environment_designer` turns the diagnosis into proposal targets (a training
+parent pair, a category, an idea); `fan_out_proposals` sends each to the
+`proposal` subgraph: `mutation_proposer` → `semantic_reviewer` ∥
+`rescue_reviewer` → `review_decider` (bounded refinement) → `certifier`
+(the runtime's programmatic certification, rescue search included).
+`batcher` groups certified pairs in batches; `screener` runs the current
+harness on a batch's infeasible sides and admits the batch when it fails to
+abstain on at least τ of them; a batch below τ is replaced while the design
+budget lasts. Only training pairs ever reach a generation role. Every
+proposal, verdict, refinement and certification is kept in the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import operator
+import re
+import shutil
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from langchain_core.messages import HumanMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import Command, Send
+from pydantic import Field, create_model
+from typing_extensions import TypedDict
+
+from envs.catalog import CATALOG, load_entry
+from envs.certify import certify
+from envs.mutation import apply_mutation
+from envs.spec import SpecError, check_pair
+from graphs import api
+from graphs.fdcr import diagnosis_text
+from prompts import render
+from roles.models import chat_model
+from roles.mutation_proposer import describe_parent, mutation_proposer as propose
+from roles.rescue_reviewer import rescue_reviewer as rescue_review
+from roles.semantic_reviewer import semantic_reviewer as semantic_review
+from state.context import Context
+from state.evolution import Diagnosis, ProposalOutcome, ProposalTarget, Review
+from state.ledger import Ledger, runs_dir
+from state.records import CATEGORIES, Mutation, PairSpec, Record, UsageRecord
+
+
+def merge(left: dict, right: dict) -> dict:
+    return {**left, **right}
+
+
+class ProposalInput(TypedDict):
+    target: ProposalTarget
+    weakness: str
+    max_refinements: int
+
+
+class ProposalOutput(TypedDict, total=False):
+    outcomes: dict[str, ProposalOutcome]
+    usage: list[UsageRecord]
+
+
+class ProposalState(ProposalInput, ProposalOutput, total=False):
+    usage: Annotated[list[UsageRecord], operator.add]
+    parent: str
+    mutation: Mutation
+    invalid: str
+    verdicts: Annotated[dict[str, Review], merge]
+    log: Annotated[list[str], operator.add]
+    round: int
+    feedback: str
+
+
+def _entry(pair_id: str, ctx: Context):
+    return load_entry(pair_id, ctx.catalog or str(CATALOG))
+
+
+async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> Command[Literal["semantic_reviewer", "rescue_reviewer", "review_decider"]]:
+    """Writes one mutation (again, with the reviews' feedback, on a refinement) and checks that it applies; writes `mutation`, `invalid`."""
+    ctx, target = runtime.context, state["target"]
+    entry = await asyncio.to_thread(_entry, target.parent, ctx)
+    parent = state.get("parent") or await asyncio.to_thread(describe_parent, entry)
+    mutation, usage = await propose(parent, target.category, target.idea, state["weakness"], state.get("feedback", ""),
+                                    ctx.proposer_model, ctx.model_timeout_s)
+    mutation = mutation.model_copy(update={"category": target.category})
+    update = {"parent": parent, "mutation": mutation, "usage": [usage], "round": state.get("round", 0) + 1, "invalid": ""}
+    pair = PairSpec(id=target.id, split="train", environment=entry.env.id, task=entry.pair.task, mutation=mutation,
+                    control=entry.pair.control)
+    try:
+        await asyncio.to_thread(check_pair, Path("proposal") / target.id, pair, entry.env)
+        await asyncio.to_thread(apply_mutation, entry.env, mutation)
+    except SpecError as exc:
+        return Command(goto="review_decider", update={**update, "invalid": str(exc)})
+    return Command(goto=["semantic_reviewer", "rescue_reviewer"], update=update)
+
+
+async def semantic_reviewer(state: ProposalState, runtime: Runtime[Context]) -> dict:
+    """Judges whether the mutation breaks the task for its stated reason; writes `verdicts`."""
+    ctx = runtime.context
+    review, usage = await semantic_review(state["parent"], state["mutation"].model_dump_json(indent=1), ctx.reviewer_model, ctx.model_timeout_s)
+    return {"verdicts": {"semantic": review}, "usage": [usage]}
+
+
+async def rescue_reviewer(state: ProposalState, runtime: Runtime[Context]) -> dict:
+    """Searches for an alternative route, then asks the model for one; writes `verdicts`."""
+    ctx, target = runtime.context, state["target"]
+    entry = await asyncio.to_thread(_entry, target.parent, ctx)
+    mutated = (await asyncio.to_thread(apply_mutation, entry.env, state["mutation"])).env
+    review, usage = await rescue_review(state["parent"], state["mutation"], mutated, entry.pair.task, ctx.reviewer_model, ctx.model_timeout_s)
+    return {"verdicts": {"rescue": review}, "usage": usage}
+
+
+def _outcome(state: ProposalState, status: str, reason: str, checks: tuple[str, ...] = ()) -> dict:
+    target = state["target"]
+    mutation = state.get("mutation")
+    outcome = ProposalOutcome(target=target, status=status, pair_id=target.id, mutation=mutation.model_dump(mode="json") if mutation else None,
+                              rounds=state.get("round", 0), reviews=tuple(state.get("log", [])), checks=checks, reason=reason,
+                              usage=tuple(state.get("usage", [])))
+    return {"outcomes": {target.id: outcome}}
+
+
+def _refine_or_reject(state: ProposalState, feedback: str, checks: tuple[str, ...] = ()) -> Command:
+    line = f"round {state['round']}: {feedback}"
+    if state["round"] <= state["max_refinements"]:
+        return Command(goto="mutation_proposer", update={"feedback": feedback, "log": [line]})
+    return Command(goto=END, update={**_outcome({**state, "log": [*state.get("log", []), line]}, "rejected",
+                                                f"still rejected after {state['round']} rounds: {feedback}", checks), "log": [line]})
+
+
+async def review_decider(state: ProposalState) -> Command[Literal["mutation_proposer", "certifier", "__end__"]]:
+    """Sends an accepted proposal to certification and a rejected one back for refinement, within the bound; may write `outcomes`."""
+    if state.get("invalid"):
+        return _refine_or_reject(state, f"the mutation does not apply: {state['invalid']}")
+    rejected = [f"{name} reviewer: {v.reasons}" for name, v in sorted(state["verdicts"].items()) if not v.accept]
+    if rejected:
+        return _refine_or_reject(state, "; ".join(rejected))
+    accepted = "; ".join(f"{name} reviewer accepts: {v.reasons}" for name, v in sorted(state["verdicts"].items()))
+    return Command(goto="certifier", update={"log": [f"round {state['round']}: {accepted}"]})
+
+
+async def certifier(state: ProposalState, runtime: Runtime[Context]) -> Command[Literal["mutation_proposer", "__end__"]]:
+    """Certifies the new pair with every programmatic check; writes `outcomes` (or refines)."""
+    ctx, target = runtime.context, state["target"]
+    entry = await asyncio.to_thread(_entry, target.parent, ctx)
+    pair = PairSpec(id=target.id, split="train", environment=entry.env.id, task=entry.pair.task, mutation=state["mutation"],
+                    control=entry.pair.control)
+    cert = await asyncio.to_thread(certify, pair, entry.env)
+    await asyncio.to_thread(Ledger(ctx.ledger).record_certification, cert)
+    checks = tuple(f"{c.name}: {'pass' if c.passed else 'FAIL'} — {c.detail}" for c in cert.checks)
+    if cert.passed:
+        return Command(goto=END, update=_outcome(state, "certified", "all certification checks pass", checks))
+    failed = "; ".join(f"{c.name}: {c.detail}" for c in cert.checks if not c.passed)
+    return _refine_or_reject(state, f"certification failed: {failed}", checks)
+
+
+def build_proposal() -> StateGraph:
+    builder = StateGraph(ProposalState, context_schema=Context, input_schema=ProposalInput, output_schema=ProposalOutput)
+    for node in (mutation_proposer, semantic_reviewer, rescue_reviewer, review_decider, certifier):
+        builder.add_node(node)
+    builder.add_edge(START, "mutation_proposer")
+    builder.add_edge(["semantic_reviewer", "rescue_reviewer"], "review_decider")
+    return builder
+
+
+proposal_graph = build_proposal().compile(name="proposal")
+
+
+class EnvEvolutionInput(TypedDict):
+    run_id: str
+    parents: list[str]
+    diagnosis: Diagnosis
+    harness: str
+    proposers: int
+    max_refinements: int
+    batch_size: int
+    tau: float
+    batches: int
+    budget: int
+
+
+class EnvEvolutionOutput(TypedDict, total=False):
+    outcomes: dict[str, ProposalOutcome]
+    admitted: list[str]
+    screenings: list[dict]
+    usage: list[UsageRecord]
+
+
+class EnvEvolutionState(EnvEvolutionInput, EnvEvolutionOutput, total=False):
+    outcomes: Annotated[dict[str, ProposalOutcome], merge]
+    usage: Annotated[list[UsageRecord], operator.add]
+    screenings: Annotated[list[dict], operator.add]
+    design_round: int
+    targets: list[ProposalTarget]
+    batched: list[str]
+    batch: list[str]
+
+
+def pool_dir(run_id: str) -> Path:
+    return runs_dir() / "pools" / run_id
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _plan_schema(parents: list[str]) -> type[Record]:
+    """The designer's response format, with parents and categories constrained to the allowed values."""
+    target = create_model("Target", __base__=Record, parent=(Literal[tuple(parents)], ...),  # type: ignore[valid-type]
+                          category=(Literal[tuple(CATEGORIES)], ...), idea=(str, Field(description="the change, in one sentence")))  # type: ignore[valid-type]
+    return create_model("DesignPlan", __base__=Record, targets=(list[target], ...))
+
+
+async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Context]) -> dict:
+    """Chooses this round's proposal targets from the diagnosis; writes `targets`, `design_round`, `usage`."""
+    ctx, parents, n = runtime.context, state["parents"], state["proposers"]
+    round_ = state.get("design_round", 0) + 1
+    weak = [g.category for g in state["diagnosis"].groups] or list(CATEGORIES)
+    entries = await asyncio.to_thread(lambda: [_entry(p, ctx) for p in parents])
+    summaries = "\n".join(f"- {e.pair.id}: {e.env.description.strip().splitlines()[0]} Task: {e.pair.task.instruction.strip()}" for e in entries)
+    prompt = render("environment_designer", diagnosis=diagnosis_text(state["diagnosis"]), parents=summaries, count=str(n),
+                    categories=", ".join(dict.fromkeys(weak + list(CATEGORIES))))
+    plan, usage = await chat_model(ctx.proposer_model, role="environment_designer", timeout_s=ctx.model_timeout_s).structured(
+        [HumanMessage(prompt)], _plan_schema(parents))
+    chosen = [(t.parent, t.category, t.idea) for t in plan.targets][:n]
+    for i in range(len(chosen), n):  # a short plan is filled round-robin over parents and the diagnosed categories
+        chosen.append((parents[i % len(parents)], weak[i % len(weak)], ""))
+    targets = [ProposalTarget(id=f"{parent}--{_slug(category)}-{state['run_id'][-6:]}-{round_}{i}", parent=parent, category=category, idea=idea)
+               for i, (parent, category, idea) in enumerate(chosen)]
+    return {"targets": targets, "design_round": round_, "usage": [usage]}
+
+
+def fan_out_proposals(state: EnvEvolutionState) -> list[Send]:
+    weakness = "; ".join(g.cause for g in state["diagnosis"].recurring or state["diagnosis"].groups)
+    return [Send("proposal", ProposalInput(target=t, weakness=weakness, max_refinements=state["max_refinements"])) for t in state["targets"]]
+
+
+def write_pool(run_id: str, pairs: list[tuple[PairSpec, Path]]) -> Path:
+    """Certified pairs as a catalog of their own: each parent's environment directory copied once, each pair a file."""
+    root = pool_dir(run_id)
+    for pair, parent_dir in pairs:
+        env_dir = root / parent_dir.name
+        if not env_dir.exists():
+            shutil.copytree(parent_dir, env_dir, ignore=shutil.ignore_patterns("pairs", "__pycache__"))
+        (env_dir / "pairs").mkdir(exist_ok=True)
+        (env_dir / "pairs" / f"{pair.id}.yaml").write_text(yaml.safe_dump(pair.model_dump(mode="json", exclude_defaults=True), sort_keys=False))
+    return root
+
+
+async def batcher(state: EnvEvolutionState, runtime: Runtime[Context]) -> Command[Literal["screener", "environment_designer", "__end__"]]:
+    """Groups the next `batch_size` certified, unbatched pairs into a batch, or designs more within the budget; writes `batch`, `batched`."""
+    ctx = runtime.context
+    ledger = Ledger(ctx.ledger)
+    for outcome in state.get("outcomes", {}).values():
+        await asyncio.to_thread(ledger.record_proposal, state["run_id"], outcome)
+    batched = state.get("batched", [])
+    ready = [o for o in state.get("outcomes", {}).values() if o.status == "certified" and o.pair_id not in batched]
+    if len(ready) >= state["batch_size"]:
+        batch = ready[: state["batch_size"]]
+        pairs = []
+        for o in batch:
+            parent = await asyncio.to_thread(_entry, o.target.parent, ctx)
+            pairs.append((PairSpec(id=o.pair_id, split="train", environment=parent.env.id, task=parent.pair.task,
+                                   mutation=Mutation.model_validate(o.mutation), control=parent.pair.control), parent.path.parent.parent))
+        await asyncio.to_thread(write_pool, state["run_id"], pairs)
+        ids = [p.id for p, _ in pairs]
+        return Command(goto="screener", update={"batch": ids, "batched": batched + ids})
+    if state.get("design_round", 0) < state["budget"]:
+        return Command(goto="environment_designer")
+    return Command(goto=END)
+
+
+async def screener(state: EnvEvolutionState, runtime: Runtime[Context]) -> Command[Literal["environment_designer", "__end__"]]:
+    """Runs the current harness on the batch's infeasible sides; admits the batch when it fails on at least τ of them; writes `screenings`, `admitted`."""
+    ctx, batch = runtime.context, state["batch"]
+    screen_ctx = Context(**{**ctx.__dict__, "catalog": str(pool_dir(state["run_id"]))})
+    eval_id, _ = await api.evaluate(state["harness"], batch, screen_ctx, run_id=f"{state['run_id']}-screen-{len(state.get('screenings', []))}",
+                                    sides=["abstain"])
+    records = await asyncio.to_thread(Ledger(ctx.ledger).episodes, eval_id)
+    failed = sorted(r.pair_id for r in records if r.status == "done" and r.grade and not r.grade.success)
+    needed = math.ceil(state["tau"] * len(batch) - 1e-9)
+    admitted = len(failed) >= needed
+    screening = {"batch": batch, "screen_run": eval_id, "failed_to_abstain": failed, "needed": needed, "admitted": admitted}
+    await asyncio.to_thread(Ledger(ctx.ledger).record_batch, state["run_id"], screening)
+    update = {"screenings": [screening], "admitted": state.get("admitted", []) + (batch if admitted else [])}
+    done = len([s for s in state.get("screenings", []) + [screening] if s["admitted"]]) >= state["batches"]
+    if done or state.get("design_round", 0) >= state["budget"]:
+        return Command(goto=END, update=update)
+    return Command(goto="environment_designer", update=update)
+
+
+def build_env_evolution() -> StateGraph:
+    builder = StateGraph(EnvEvolutionState, context_schema=Context, input_schema=EnvEvolutionInput, output_schema=EnvEvolutionOutput)
+    builder.add_node(environment_designer)
+    builder.add_node("proposal", proposal_graph)
+    builder.add_node(batcher)
+    builder.add_node(screener)
+    builder.add_edge(START, "environment_designer")
+    builder.add_conditional_edges("environment_designer", fan_out_proposals, ["proposal"])
+    builder.add_edge("proposal", "batcher")
+    return builder
+
+
+builder = build_env_evolution()
+graph = builder.compile(name="env_evolution")

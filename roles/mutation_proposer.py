@@ -1,0 +1,52 @@
+"""The mutation proposer: given one training pair's feasible environment and
+task, a target category and the harness's diagnosed weakness, it writes a
+controlled environment mutation that should make the task infeasible while
+the instruction and the public tools stay the same (HERA §3.1, App. B.3).
+It sees only the training parent: its schema, a few rows, its tools, the
+task and the reference trajectory."""
+
+from __future__ import annotations
+
+import json
+
+from langchain_core.messages import HumanMessage
+
+from envs.catalog import Entry
+from envs.certify import replay
+from envs.runtime import EnvInstance
+from prompts import render
+from roles.models import chat_model
+from state.records import Mutation, UsageRecord
+
+ROWS_SHOWN = 3
+
+
+def describe_parent(entry: Entry) -> str:
+    """The parent environment and task as a proposer or reviewer reads them."""
+    env, task = entry.env, entry.pair.task
+    outcome = replay(env, task.reference.calls, task.reference.answer)
+    seen = json.dumps([o.visible for o in outcome.calls], default=str)
+    tables = []
+    for t in env.tables:
+        rows = env.rows.get(t.name, ())
+        shown = [r for r in rows if str(r.get(t.primary_key)) in seen][:ROWS_SHOWN] or list(rows[:ROWS_SHOWN])
+        columns = ", ".join(f"{c.name}: {c.type}{'?' if c.nullable else ''}" for c in t.columns)
+        tables.append(f"- {t.name} (primary key {t.primary_key}; {len(rows)} rows): {columns}\n"
+                      + "\n".join(f"    {json.dumps(r, default=str)}" for r in shown))
+    instance = EnvInstance(env)
+    try:
+        tools = "\n".join(f"- {t.name} ({'read' if t.read_only else 'write'}): {t.description.splitlines()[0]} "
+                          f"params {json.dumps(t.input_schema.get('properties', {}))}" for t in instance.public_tools)
+    finally:
+        instance.close()
+    calls = "\n".join(f"- {o.tool}({json.dumps(o.args)}) -> {o.text[:500]}" for o in outcome.calls)
+    return (f"Environment: {env.description.strip()}\n\nTables:\n" + "\n".join(tables) + f"\n\nTools:\n{tools}\n\n"
+            f"Task (feasible here): {task.instruction.strip()}\n\nReference solution:\n{calls}\nAnswer: {task.reference.answer}")
+
+
+async def mutation_proposer(parent: str, category: str, idea: str, weakness: str, feedback: str, model: str,
+                            timeout_s: float = 1800.0) -> tuple[Mutation, UsageRecord]:
+    """One proposed mutation of the parent's environment."""
+    prompt = render("mutation_proposer", parent=parent, category=category.replace("_", " "), idea=idea or "(your choice)",
+                    weakness=weakness or "(none diagnosed)", feedback=feedback or "(first attempt)")
+    return await chat_model(model, role="mutation_proposer", timeout_s=timeout_s).structured([HumanMessage(prompt)], Mutation)

@@ -1,0 +1,158 @@
+"""Environment evolution with scripted models: review, refinement bound,
+certification, batch screening against τ, and the training-only boundary."""
+
+import asyncio
+import json
+
+import pytest
+import yaml
+
+from envs.catalog import load_catalog
+from graphs import api
+from roles import scripted
+from state.context import Context
+from state.evolution import Diagnosis, FailureGroup
+from state.ledger import Ledger
+from state.records import Mutation
+from tests.conftest import FIXTURES
+from tests.scripts import eager_agent, shop_agent, shop_judge
+
+PARENT = "shop-reserve-drill"
+DIAGNOSIS = Diagnosis(groups=(FailureGroup(kind="did_not_abstain", category="missing_evidence", pair_ids=("a", "b"), recurring=True,
+                                           cause="acts although a required value is missing", evidence="writes"),), episodes=4, failures=2)
+
+
+def fixture_mutation(pair_id: str) -> dict:
+    return yaml.safe_load((FIXTURES / "shop" / "pairs" / f"{pair_id}.yaml").read_text())["mutation"]
+
+
+PRICE_MISSING = fixture_mutation("shop-reserve-drill")   # certifies
+RESCUABLE = fixture_mutation("shop-rescued")             # price_history still shows the price
+INVALID = {**PRICE_MISSING, "state": [{"op": "set", "table": "no_such_table", "key": "x", "fields": {"a": 1}}]}
+ACCEPT = {"accept": True, "reasons": "breaks the price requirement; observable"}
+
+
+@pytest.fixture
+def context(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+    scripted.clear()
+    yield Context(agent_model="scripted:agent", judge_model="scripted:judge", proposer_model="scripted:proposer",
+                  reviewer_model="scripted:reviewer", catalog=str(FIXTURES), ledger=str(tmp_path / "ledger.db"))
+    scripted.clear()
+
+
+def plan(parent=PARENT, category="missing_evidence"):
+    return {"targets": [{"parent": parent, "category": category, "idea": "hide the price"}]}
+
+
+def evolve(context, **kw):
+    settings = {"proposers": 1, "max_refinements": 2, "batch_size": 1, "tau": 0.4, "batches": 1, "budget": 1, **kw}
+    return asyncio.run(api.evolve_envs([PARENT], DIAGNOSIS, context, **settings))
+
+
+def test_certified_batch_admitted_when_the_harness_fails_to_abstain(context):
+    scripted.register("proposer", [plan(), PRICE_MISSING])
+    scripted.register("reviewer", [ACCEPT, ACCEPT])
+    scripted.register("agent", [eager_agent] * 3)  # lookup, reserve, "Reserved …" on the infeasible side
+    scripted.register("judge", [shop_judge])
+    run_id, final = evolve(context)
+    scripted.assert_consumed()
+    (outcome,) = final["outcomes"].values()
+    assert outcome.status == "certified" and outcome.rounds == 1 and outcome.target.parent == PARENT
+    assert outcome.pair_id.startswith(f"{PARENT}--missing-evidence-")
+    assert all(c.split(":")[1].strip().startswith("pass") for c in outcome.checks) and len(outcome.checks) == 8
+    (screening,) = final["screenings"]
+    assert screening["failed_to_abstain"] == [outcome.pair_id] and screening["needed"] == 1 and screening["admitted"]
+    assert final["admitted"] == [outcome.pair_id]
+    ledger = Ledger(context.ledger)
+    assert [p.status for p in ledger.proposals(run_id)] == ["certified"] and ledger.batches(run_id)[0]["admitted"] == 1
+    written = load_catalog(api.runs_dir() / "pools" / run_id)
+    assert list(written) == [outcome.pair_id] and written[outcome.pair_id].pair.mutation == Mutation.model_validate(PRICE_MISSING)
+
+
+def test_a_batch_below_tau_is_not_admitted(context):
+    scripted.register("proposer", [plan(), PRICE_MISSING])
+    scripted.register("reviewer", [ACCEPT, ACCEPT])
+    scripted.register("agent", [shop_agent] * 2)  # lookup, then the refusal: the harness already abstains
+    scripted.register("judge", [shop_judge])
+    _, final = evolve(context)
+    scripted.assert_consumed()
+    assert final["screenings"][0]["failed_to_abstain"] == [] and not final["screenings"][0]["admitted"]
+    assert final.get("admitted", []) == []
+
+
+def test_an_alternative_route_is_rejected_then_refined(context):
+    # round 1: the price is hidden from get_item but price_history still has it — the search rejects it
+    # without asking the model; round 2: the price is gone everywhere, accepted and certified
+    scripted.register("proposer", [plan(), RESCUABLE, PRICE_MISSING])
+    scripted.register("reviewer", [{"accept": True, "reasons": "fine"}, ACCEPT, ACCEPT])
+    scripted.register("agent", [eager_agent] * 3)
+    scripted.register("judge", [shop_judge])
+    _, final = evolve(context)
+    scripted.assert_consumed()
+    (outcome,) = final["outcomes"].values()
+    assert outcome.status == "certified" and outcome.rounds == 2
+    assert outcome.reviews[0].startswith("round 1: rescue reviewer: alternative route: price_history(")
+    feedback = scripted.calls("proposer")[2].messages[0].content
+    assert "alternative route: price_history(" in feedback
+
+
+def test_the_refinement_loop_is_bounded(context):
+    scripted.register("proposer", [plan(), INVALID, INVALID, INVALID])
+    scripted.register("reviewer", [])
+    scripted.register("agent", [])
+    _, final = evolve(context, max_refinements=2)
+    scripted.assert_consumed()
+    (outcome,) = final["outcomes"].values()
+    assert outcome.status == "rejected" and outcome.rounds == 3
+    assert [r.split(":")[0] for r in outcome.reviews] == ["round 1", "round 2", "round 3"]
+    assert "no_such_table" in outcome.reason and final.get("screenings", []) == []
+
+
+def test_no_validation_or_bench_data_reaches_a_generation_role(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+    catalog = load_catalog()
+    train = sorted(p for p, e in catalog.items() if e.pair.split == "train")[:2]
+
+    def propose(messages, schema):
+        if schema.__name__ == "DesignPlan":
+            return {"targets": [{"parent": p, "category": catalog[p].pair.mutation.category, "idea": "x"} for p in train]}
+        parent = next(p for p in train if catalog[p].pair.task.instruction.strip() in messages[0].content)
+        return catalog[parent].pair.mutation.model_dump(mode="json")
+
+    scripted.register("proposer", [propose] * 3)
+    scripted.register("reviewer", [ACCEPT] * 4)
+    context = Context(proposer_model="scripted:proposer", reviewer_model="scripted:reviewer", ledger=str(tmp_path / "l.db"))
+    _, final = asyncio.run(api.evolve_envs(train, DIAGNOSIS, context, proposers=2, max_refinements=0, batch_size=5, budget=1))
+    scripted.assert_consumed()
+    assert sorted(o.status for o in final["outcomes"].values()) == ["certified", "certified"]
+    prompts = "\n".join(m.content for name in ("proposer", "reviewer") for c in scripted.calls(name) for m in c.messages)
+    held_out = [e for e in catalog.values() if e.pair.split != "train"]
+    assert len(held_out) == 45
+    for e in held_out:
+        for text in (e.pair.id, e.pair.task.instruction.strip(), e.pair.task.reference.answer.strip()):
+            assert text not in prompts, f"{e.pair.split} data in a generation prompt: {text[:60]}"
+    assert all(catalog[p].pair.task.instruction.strip() in prompts for p in train)
+    scripted.clear()
+
+
+def test_cli_funnel_and_diagnosis_file(context, tmp_path, capsys):
+    from graphs.cli import main
+
+    scripted.register("proposer", [plan(), PRICE_MISSING])
+    scripted.register("reviewer", [ACCEPT, ACCEPT])
+    scripted.register("agent", [eager_agent] * 3)
+    scripted.register("judge", [shop_judge])
+    diagnosis = tmp_path / "diagnosis.json"
+    diagnosis.write_text(DIAGNOSIS.model_dump_json())
+    args = ["--catalog", str(FIXTURES), "--ledger", context.ledger, "evolve-envs", "--diagnosis", str(diagnosis),
+            "--model", "scripted:agent", "--judge-model", "scripted:judge", "--proposer-model", "scripted:proposer",
+            "--reviewer-model", "scripted:reviewer", "--parents", PARENT, "--proposers", "1", "--batch-size", "1", "--budget", "1", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["funnel"] == {"proposals": 1, "passed_review": 1, "certified": 1, "admitted": 1}
+    diagnosis.write_text('{"groups": "nope"}')
+    assert main(args) == 2
+    assert f"{diagnosis}: groups: Input should be a valid array" in " ".join(capsys.readouterr().err.split())
+    args[args.index(str(diagnosis))] = "no-such-run"
+    assert main(args) == 2 and "neither a file nor a run" in " ".join(capsys.readouterr().err.split())
