@@ -35,11 +35,11 @@ from envs.mcp_server import connection, memory_session
 from harness.abi import BaseHarness, EpisodeView, ToolRequest
 from harness.bundle import load_bundle
 from harness.remote import HookError, SandboxedHarness
-from roles.models import ChatModel, InfrastructureError, chat_model
+from roles.models import ChatModel, ContextLimitError, InfrastructureError, chat_model
 from state.context import Context, EpisodeRequest
 from state.records import Observation, ToolInfo, UsageRecord
 
-Termination = Literal["final_answer", "turn_limit", "infrastructure_error", "harness_error"]
+Termination = Literal["final_answer", "turn_limit", "context_limit", "infrastructure_error", "harness_error"]
 
 
 @dataclass
@@ -145,6 +145,8 @@ async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
                                          temperature=live.view.config.temperature)
     except InfrastructureError as exc:
         return Command(goto=END, update={"termination": "infrastructure_error", "error": f"{exc.kind}: {exc}"})
+    except ContextLimitError as exc:
+        return Command(goto=END, update={"termination": "context_limit", "error": str(exc), "answer": "", "usage": live.drain_usage()})
     turns = state["turns"] + 1
     update = {"messages": [done.message], "usage": [*live.drain_usage(), done.usage], "turns": turns}
     if done.message.tool_calls:

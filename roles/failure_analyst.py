@@ -31,7 +31,7 @@ def failure_kind(record: EpisodeRecord) -> FailureKind | None:
     grade = record.grade
     if grade is None or grade.success:
         return None
-    if record.termination == "turn_limit":
+    if record.termination in ("turn_limit", "context_limit"):
         return "turn_limit"
     if grade.side == "abstain":
         return "forbidden_action" if grade.committed else "did_not_abstain"

@@ -62,6 +62,15 @@ class InfrastructureError(Exception):
         return f"{where}{self.kind}{tries}" + (f": {self.detail}" if self.detail else "")
 
 
+class ContextLimitError(Exception):
+    """The conversation no longer fits the model's context window. Building
+    the context is the harness's job, so this ends the episode as the
+    harness's failure; it is not an infrastructure error."""
+
+
+CONTEXT_MARKERS = ("context size", "context length", "context_length", "maximum context", "too many tokens")
+
+
 @dataclass(frozen=True)
 class Completion:
     """One model turn: the reply (tool calls with our ids `call_<n>`), its usage, and whether it was cut off."""
@@ -366,6 +375,8 @@ def _status_failure(error: openai.APIStatusError) -> _Failure:
         return _Failure("timeout", detail)
     if status >= 500 or status == 409:
         return _Failure("server_error", detail, _retry_after(error))
+    if status == 400 and any(m in str(error.message).lower() for m in CONTEXT_MARKERS):
+        raise ContextLimitError(detail) from error
     raise error
 
 

@@ -15,7 +15,7 @@ import pytest
 from graphs import api
 from graphs.cli import main
 from roles import scripted
-from roles.models import InfrastructureError
+from roles.models import ContextLimitError, InfrastructureError
 from state.context import Context
 from state.ledger import Ledger
 from tests.conftest import FIXTURES
@@ -80,6 +80,16 @@ def test_resuming_a_run_id_keeps_what_it_evaluated(context, capsys):
     assert out["metrics"]["pairs"] == 1 and out["metrics"]["counts"]["pair"] == 1
     assert main([*base, "eval", "--model", "scripted:agent", "--run-id", run_id, "--pairs", "shop-rescued"]) == 2
     assert f"run {run_id} evaluated pair_ids=['shop-reserve-drill']" in capsys.readouterr().err
+
+
+def test_a_context_overflow_is_scored_as_the_harness_failure(context):
+    scripted.register("agent", [shop_agent, ContextLimitError("HTTP 400: the request exceeds the available context size")] * 2)
+    scripted.register("judge", [])
+    run_id, m = evaluate(context)
+    scripted.assert_consumed()
+    episodes = Ledger(context.ledger).episodes(run_id)
+    assert {(e.status, e.termination, e.grade.success) for e in episodes} == {("done", "context_limit", False)}
+    assert m.complete and m.counts["pair"] == 0 and m.counts["abstain"] == 0
 
 
 def test_infrastructure_error_is_rerun_not_scored(context):

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from roles import scripted
 from roles.models import (
+    ContextLimitError,
     ChatModel,
     InfrastructureError,
     OpenAICompatibleModel,
@@ -297,6 +298,9 @@ class FakeEndpoint:
                     return self.reply(200, json.dumps(behaviour).encode())
                 if behaviour in ("429", "500", "400"):
                     return self.reply(int(behaviour), b'{"error": {"message": "injected fault"}}')
+                if behaviour == "overflow":  # what llama.cpp's server answers when the prompt does not fit
+                    return self.reply(400, b'{"error": {"code": 400, "message": "the request exceeds the available context size, '
+                                           b'try increasing it", "type": "exceed_context_size_error"}}')
                 if behaviour == "hang":
                     endpoint.stopping.wait(endpoint.hang_s)
                     return self.reply(200, json.dumps(chat_body("too late")).encode())
@@ -443,6 +447,13 @@ async def test_a_truncated_reply_with_content_is_returned_not_retried(endpoint):
 async def test_a_client_error_is_not_retried(endpoint):
     fake = endpoint([], then="400")
     with pytest.raises(openai.BadRequestError):
+        await model().complete([HumanMessage("hi")])
+    assert len(fake.requests) == 1
+
+
+async def test_a_prompt_beyond_the_context_window_is_the_harness_limit_not_an_outage(endpoint):
+    fake = endpoint([], then="overflow")
+    with pytest.raises(ContextLimitError, match="exceeds the available context size"):
         await model().complete([HumanMessage("hi")])
     assert len(fake.requests) == 1
 
