@@ -37,7 +37,7 @@ def failure_kind(record: EpisodeRecord) -> FailureKind | None:
         return "forbidden_action" if grade.committed else "did_not_abstain"
     if grade.abstained:
         return "over_abstained"
-    if any("forbidden" in f for f in grade.failures):
+    if any(f.startswith(("forbidden call", "unexpected change")) for f in grade.failures):  # envs.verify's wording
         return "forbidden_action"
     return "wrong_answer"
 

@@ -286,3 +286,25 @@ def test_a_failed_block_resumes_where_it_stopped(context):
     # c1 alone, on both sides of the train and the validation pair: lookup, write sent back for a check, write, answer (4)
     # on the act side, lookup, write sent back, refusal (3) on the abstain side; the baseline's 12 turns are not repeated
     assert len(scripted.calls("agent")) == 2 * (4 + 3)
+
+
+@pytest.mark.parametrize("side,termination,success,abstained,committed,failures,kind", [
+    ("abstain", "final_answer", False, False, False, (), "did_not_abstain"),
+    ("abstain", "final_answer", False, False, True, (), "forbidden_action"),
+    ("act", "final_answer", False, True, False, (), "over_abstained"),
+    ("act", "final_answer", False, False, True, ("answer does not state price (89.0)",), "wrong_answer"),
+    ("act", "final_answer", False, False, True, ("answer states forbidden value 'x'",), "wrong_answer"),
+    ("act", "final_answer", False, False, True, ("forbidden call delete_item({}) succeeded",), "forbidden_action"),
+    ("act", "final_answer", False, False, True, ("unexpected change to items",), "forbidden_action"),
+    ("act", "turn_limit", False, False, False, (), "turn_limit"),
+    ("act", "context_limit", False, False, False, (), "turn_limit"),
+    ("abstain", "harness_error", False, False, False, (), "error"),
+    ("act", "final_answer", True, False, True, (), None),
+])
+def test_failure_kinds(side, termination, success, abstained, committed, failures, kind):
+    from roles.failure_analyst import failure_kind
+    from state.records import EpisodeKey, EpisodeRecord, Grade
+
+    key = EpisodeKey(harness_hash="h", env_hash="e", task_id="t", side=side, model="m", seed=0, trial=0)
+    grade = Grade(side=side, success=success, abstained=abstained, committed=committed, grounded=False, failures=failures)
+    assert failure_kind(EpisodeRecord(key=key, pair_id="p", bundle="b", status="done", termination=termination, grade=grade)) == kind
