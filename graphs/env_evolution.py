@@ -78,6 +78,12 @@ def _entry(pair_id: str, ctx: Context):
     return load_entry(pair_id, ctx.catalog or str(CATALOG))
 
 
+def _pair(pair_id: str, parent, mutation: Mutation) -> PairSpec:
+    """The new training pair: the parent's task and control rows, a new mutation of its environment."""
+    return PairSpec(id=pair_id, split="train", environment=parent.env.id, task=parent.pair.task, mutation=mutation,
+                    control=parent.pair.control)
+
+
 async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> Command[Literal["semantic_reviewer", "rescue_reviewer", "review_decider"]]:
     """Writes one mutation (again, with the reviews' feedback, on a refinement) and checks that it applies; writes `mutation`, `invalid`."""
     ctx, target = runtime.context, state["target"]
@@ -87,8 +93,7 @@ async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> 
                                     ctx.proposer_model, ctx.model_timeout_s)
     mutation = mutation.model_copy(update={"category": target.category})
     update = {"parent": parent, "mutation": mutation, "usage": [usage], "round": state.get("round", 0) + 1, "invalid": ""}
-    pair = PairSpec(id=target.id, split="train", environment=entry.env.id, task=entry.pair.task, mutation=mutation,
-                    control=entry.pair.control)
+    pair = _pair(target.id, entry, mutation)
     try:
         await asyncio.to_thread(check_pair, Path("proposal") / target.id, pair, entry.env)
         await asyncio.to_thread(apply_mutation, entry.env, mutation)
@@ -145,8 +150,7 @@ async def certifier(state: ProposalState, runtime: Runtime[Context]) -> Command[
     """Certifies the new pair with every programmatic check; writes `outcomes` (or refines)."""
     ctx, target = runtime.context, state["target"]
     entry = await asyncio.to_thread(_entry, target.parent, ctx)
-    pair = PairSpec(id=target.id, split="train", environment=entry.env.id, task=entry.pair.task, mutation=state["mutation"],
-                    control=entry.pair.control)
+    pair = _pair(target.id, entry, state["mutation"])
     cert = await asyncio.to_thread(certify, pair, entry.env)
     await asyncio.to_thread(Ledger(ctx.ledger).record_certification, cert)
     checks = tuple(f"{c.name}: {'pass' if c.passed else 'FAIL'} — {c.detail}" for c in cert.checks)
@@ -262,8 +266,7 @@ async def batcher(state: EnvEvolutionState, runtime: Runtime[Context]) -> Comman
         pairs = []
         for o in batch:
             parent = await asyncio.to_thread(_entry, o.target.parent, ctx)
-            pairs.append((PairSpec(id=o.pair_id, split="train", environment=parent.env.id, task=parent.pair.task,
-                                   mutation=Mutation.model_validate(o.mutation), control=parent.pair.control), parent.path.parent.parent))
+            pairs.append((_pair(o.pair_id, parent, Mutation.model_validate(o.mutation)), parent.path.parent.parent))
         await asyncio.to_thread(write_pool, state["run_id"], pairs)
         ids = [p.id for p, _ in pairs]
         return Command(goto="screener", update={"batch": ids, "batched": batched + ids})
