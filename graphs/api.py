@@ -114,6 +114,31 @@ def _check_same_run(run_id: str, payload: dict, context: Context) -> None:
                          + "; resume it with the same settings (omit them to reuse the recorded ones) or start a new run")
 
 
+async def _run_checkpointed(builder, name: str, run_id: str, payload: dict, context: Context, recursion_limit: int,
+                            on_event: Callable[[str, dict], None] | None) -> dict:
+    """Runs a graph under its run id in `runs/evolution.db`, or resumes it from its last checkpoint; its final state.
+
+    `on_event(node, update)` sees every node's update, subgraphs' included, and
+    `("episode", {...})` for each episode an evaluation inside it finishes."""
+    runs_dir().mkdir(parents=True, exist_ok=True)
+    async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / "evolution.db")) as saver:
+        saver.serde = SERDE
+        graph = builder.compile(checkpointer=saver, name=name)
+        config = {"configurable": {"thread_id": run_id}, "recursion_limit": recursion_limit}
+        previous = await graph.aget_state(config)
+        async for _, kind, value in graph.astream(None if previous.next else payload, config, context=context,
+                                                  stream_mode=["updates", "custom"], subgraphs=True, durability="sync"):
+            if on_event is None:
+                continue
+            if kind == "custom":
+                on_event("episode", value)
+            else:
+                for node, update in value.items():
+                    on_event(node, update or {})
+        final = await graph.aget_state(config)
+    return final.values
+
+
 async def evolve_harness(
     base: str,
     pool: list[str],
@@ -132,25 +157,10 @@ async def evolve_harness(
     from graphs import harness_evolution
 
     run_id = run_id or new_run_id()
-    runs_dir().mkdir(parents=True, exist_ok=True)
-    async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / "evolution.db")) as saver:
-        saver.serde = SERDE
-        graph = harness_evolution.builder.compile(checkpointer=saver, name="harness_evolution")
-        config = {"configurable": {"thread_id": run_id}, "recursion_limit": 50 + 10 * candidates}
-        previous = await graph.aget_state(config)
-        payload = None if previous.next else {
-            "run_id": run_id, "base": base, "pool": pool, "validation": validation, "candidates": candidates,
-            "mode": mode, "channel": channel, "rounds": rounds, "rule": rule}
-        async for kind, value in graph.astream(payload, config, context=context, stream_mode=["updates", "custom"], durability="sync"):
-            if on_event is None:
-                continue
-            if kind == "custom":
-                on_event("episode", value)
-            else:
-                for node, update in value.items():
-                    on_event(node, update or {})
-        final = await graph.aget_state(config)
-    return run_id, final.values
+    payload = {"run_id": run_id, "base": base, "pool": pool, "validation": validation, "candidates": candidates,
+               "mode": mode, "channel": channel, "rounds": rounds, "rule": rule}
+    return run_id, await _run_checkpointed(harness_evolution.builder, "harness_evolution", run_id, payload, context,
+                                           50 + 10 * candidates, on_event)
 
 
 async def evolve_envs(
@@ -172,19 +182,6 @@ async def evolve_envs(
     from graphs import env_evolution
 
     run_id = run_id or new_run_id()
-    runs_dir().mkdir(parents=True, exist_ok=True)
-    async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / "evolution.db")) as saver:
-        saver.serde = SERDE
-        graph = env_evolution.builder.compile(checkpointer=saver, name="env_evolution")
-        config = {"configurable": {"thread_id": run_id}, "recursion_limit": 100}
-        previous = await graph.aget_state(config)
-        payload = None if previous.next else {
-            "run_id": run_id, "parents": parents, "diagnosis": diagnosis, "harness": harness, "proposers": proposers,
-            "max_refinements": max_refinements, "batch_size": batch_size, "tau": tau, "batches": batches, "budget": budget}
-        async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="sync", subgraphs=True):
-            namespace, value = update
-            for node, data in value.items():
-                if on_event:
-                    on_event(node, data or {})
-        final = await graph.aget_state(config)
-    return run_id, final.values
+    payload = {"run_id": run_id, "parents": parents, "diagnosis": diagnosis, "harness": harness, "proposers": proposers,
+               "max_refinements": max_refinements, "batch_size": batch_size, "tau": tau, "batches": batches, "budget": budget}
+    return run_id, await _run_checkpointed(env_evolution.builder, "env_evolution", run_id, payload, context, 100, on_event)
