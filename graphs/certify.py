@@ -20,11 +20,8 @@ from envs.catalog import CATALOG, catalog_problems, load_catalog, load_entry
 from envs.certify import certify
 from state.context import Context
 from state.ledger import Ledger
-from state.records import Certification
+from state.records import Certification, merge
 
-
-def merge(left: dict, right: dict) -> dict:
-    return {**left, **right}
 
 
 class CertifyInput(TypedDict, total=False):

@@ -45,11 +45,8 @@ from roles.semantic_reviewer import semantic_reviewer as semantic_review
 from state.context import Context
 from state.evolution import Diagnosis, ProposalOutcome, ProposalTarget, Review
 from state.ledger import Ledger, runs_dir
-from state.records import CATEGORIES, Mutation, PairSpec, Record, UsageRecord
+from state.records import CATEGORIES, Mutation, PairSpec, Record, UsageRecord, merge
 
-
-def merge(left: dict, right: dict) -> dict:
-    return {**left, **right}
 
 
 class ProposalInput(TypedDict):

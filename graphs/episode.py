@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import inspect
 import json
 import operator
 from contextlib import asynccontextmanager
@@ -32,7 +31,7 @@ from typing_extensions import TypedDict
 
 from envs.catalog import CATALOG, Entry, load_entry, side_env
 from envs.mcp_server import connection, memory_session
-from harness.abi import BaseHarness, EpisodeView, ToolRequest
+from harness.abi import BaseHarness, EpisodeView, ToolRequest, call_hook
 from harness.bundle import load_bundle
 from harness.remote import HookError, SandboxedHarness
 from roles.models import ChatModel, ContextLimitError, InfrastructureError, chat_model
@@ -86,10 +85,6 @@ class EpisodeState(EpisodeInput, EpisodeOutput, total=False):
     usage: Annotated[list[UsageRecord], operator.add]
 
 
-async def _hook(fn, *args):
-    result = fn(*args)
-    return await result if inspect.isawaitable(result) else result
-
 
 def public_context(entry) -> str:
     parts = [entry.env.description, entry.pair.task.system_prompt]
@@ -125,8 +120,8 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     live.harness, live.view, live.model = harness, view, model
     live.read_only = {t.name: t.read_only for t in tools}
     try:
-        await _hook(harness.initialize, view)
-        system = await _hook(harness.compose_instructions, view)
+        await call_hook(harness.initialize, view)
+        system = await call_hook(harness.compose_instructions, view)
     except HookError as exc:
         return _harness_error(exc, messages=[], turns=0, harness_hash=bundle.hash, usage=live.drain_usage())
     return Command(goto="agent", update={"messages": [SystemMessage(system), HumanMessage(view.instruction)], "turns": 0,
@@ -137,7 +132,7 @@ async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     """One model turn; routes to `tools` on tool calls, else to `finalizer`; writes `messages`, `usage`, `turns`."""
     live = LIVE[state["episode_id"]]
     try:
-        messages = await _hook(live.harness.prepare_turn, live.view, list(state["messages"]))
+        messages = await call_hook(live.harness.prepare_turn, live.view, list(state["messages"]))
     except HookError as exc:
         return _harness_error(exc, usage=live.drain_usage())
     try:
@@ -169,7 +164,7 @@ async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
             replies.append(ToolMessage("Not run.", tool_call_id=request.id))
             continue
         try:
-            decision = await _hook(live.harness.before_tool_call, live.view, request)
+            decision = await call_hook(live.harness.before_tool_call, live.view, request)
         except HookError as exc:
             return _harness_error(exc, messages=replies, observations=observations, usage=live.drain_usage())
         if decision.action != "allow":
@@ -181,7 +176,7 @@ async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
         observations.append(obs)
         live.view.observations.append(obs)
         try:
-            guidance = await _hook(live.harness.after_tool_result, live.view, request, obs)
+            guidance = await call_hook(live.harness.after_tool_result, live.view, request, obs)
         except HookError as exc:
             return _harness_error(exc, messages=replies, observations=observations, usage=live.drain_usage())
         replies.append(ToolMessage(obs.text + (f"\n\n{guidance}" if guidance else ""), tool_call_id=request.id))
@@ -210,7 +205,7 @@ async def finalizer(state: EpisodeState, runtime: Runtime[Context]) -> Command[L
     live = LIVE[state["episode_id"]]
     answer = _text(state["messages"][-1])
     try:
-        final = await _hook(live.harness.finalize, live.view, answer)
+        final = await call_hook(live.harness.finalize, live.view, answer)
     except HookError as exc:
         return _harness_error(exc, usage=live.drain_usage())
     usage = live.drain_usage()

@@ -31,11 +31,8 @@ from roles.abstention_judge import abstention_judge
 from roles.models import InfrastructureError
 from state.context import Context, EpisodeRequest
 from state.ledger import Ledger
-from state.records import EpisodeKey, EpisodeRecord, Grade
+from state.records import EpisodeKey, EpisodeRecord, Grade, merge
 
-
-def merge(left: dict, right: dict) -> dict:
-    return {**left, **right}
 
 
 class EvaluateInput(TypedDict):

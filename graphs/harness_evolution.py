@@ -40,14 +40,11 @@ from roles.harness_optimizer import describe_bundle, failure_text, harness_optim
 from state.context import Context, EpisodeRequest
 from state.evolution import Diagnosis, FailureRecord, LineageEntry, ModificationSpec
 from state.ledger import Ledger, runs_dir
-from state.records import UsageRecord
+from state.records import UsageRecord, merge
 
 Mode = Literal["fdcr", "aggregate", "serial"]
 Rule = Literal["hera", "ecdysis"]
 
-
-def merge(left: dict, right: dict) -> dict:
-    return {**left, **right}
 
 
 class HarnessEvolutionInput(TypedDict):

@@ -15,6 +15,7 @@ hook put one structured question to the episode's model.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from string import Template
 from typing import Any, Awaitable, Callable, Literal
@@ -89,6 +90,12 @@ class BaseHarness:
 
     def finalize(self, view: EpisodeView, answer: str) -> Final:
         return Final()
+
+
+async def call_hook(fn, *args):
+    """Calls a hook, plain or `async`, and returns its result."""
+    result = fn(*args)
+    return await result if inspect.isawaitable(result) else result
 
 
 HOOKS = ("initialize", "compose_instructions", "prepare_turn", "before_tool_call", "after_tool_result", "finalize")

@@ -9,7 +9,6 @@ child gets a copy of the bundle, as private directories may hold the original.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import os
 import subprocess
@@ -22,7 +21,7 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from pydantic import BaseModel
 
 from envs.spec import SpecError
-from harness.abi import Decision, EpisodeView, Final, ToolRequest
+from harness.abi import Decision, EpisodeView, Final, ToolRequest, call_hook
 from harness.bundle import load_bundle, resolve_bundle
 from harness.sandbox import run_sandboxed, stage
 from state.records import Observation, ToolInfo
@@ -51,10 +50,6 @@ async def _ask(messages: list[BaseMessage], schema: type[BaseModel]) -> BaseMode
     return placeholder(schema)
 
 
-async def _call(fn, *args):
-    result = fn(*args)
-    return await result if inspect.isawaitable(result) else result
-
 
 async def drive(bundle_dir: str) -> list[str]:
     """Run each hook once and check what it returns; the problems found."""
@@ -81,7 +76,7 @@ async def drive(bundle_dir: str) -> list[str]:
         where = f"{bundle.path / 'hooks.py'}: Harness.{hook}"
         failure = None
         try:
-            result = await _call(getattr(harness, hook), *args)
+            result = await call_hook(getattr(harness, hook), *args)
         except Exception as exc:  # the hook's own failure is what this check reports
             failure = f"{where}: raised {type(exc).__name__}: {exc}"
         if os.getpid() != me:  # a copy forked by the hook must not go on

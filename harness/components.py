@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 from langchain_core.messages import HumanMessage
 from pydantic import Field
 
-from harness.abi import BaseHarness, Decision, EpisodeView, Final, ToolRequest
+from harness.abi import BaseHarness, Decision, EpisodeView, Final, ToolRequest, call_hook
 from state.records import Observation, Record
 
 NEGATIVE_MARKERS = ("unavailable", "revoked", "expired", "suspended", "withdrawn", "unauthorized", "not authorized",
@@ -203,24 +203,24 @@ class Stack(BaseHarness):
         self.inner, self.components = inner, components
 
     async def initialize(self, view):
-        await _call(self.inner.initialize, view)
+        await call_hook(self.inner.initialize, view)
 
     async def compose_instructions(self, view):
-        parts = [await _call(self.inner.compose_instructions, view), *(c.instructions(view) for c in self.components)]
+        parts = [await call_hook(self.inner.compose_instructions, view), *(c.instructions(view) for c in self.components)]
         return "\n\n".join(p for p in parts if p)
 
     async def prepare_turn(self, view, messages):
-        return await _call(self.inner.prepare_turn, view, messages)
+        return await call_hook(self.inner.prepare_turn, view, messages)
 
     async def before_tool_call(self, view, call):
         for c in self.components:
             decision = c.before_tool_call(view, call)
             if decision is not None:
                 return decision
-        return await _call(self.inner.before_tool_call, view, call)
+        return await call_hook(self.inner.before_tool_call, view, call)
 
     async def after_tool_result(self, view, call, observation):
-        notes = [await _call(self.inner.after_tool_result, view, call, observation),
+        notes = [await call_hook(self.inner.after_tool_result, view, call, observation),
                  *(c.after_tool_result(view, call, observation) for c in self.components)]
         return "\n".join(n for n in notes if n) or None
 
@@ -229,9 +229,6 @@ class Stack(BaseHarness):
             final = await c.finalize(view, answer)
             if final is not None:
                 return final
-        return await _call(self.inner.finalize, view, answer)
+        return await call_hook(self.inner.finalize, view, answer)
 
 
-async def _call(fn, *args):
-    result = fn(*args)
-    return await result if hasattr(result, "__await__") else result

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import inspect
 import json
 import os
 import re
@@ -50,6 +49,7 @@ from harness.abi import (
     Final,
     HarnessConfig,
     ToolRequest,
+    call_hook,
 )
 from harness.bundle import Bundle, load_bundle
 from harness.sandbox import kill, sandbox_command, stage
@@ -360,8 +360,7 @@ async def serve(harness: BaseHarness, channel: _Channel) -> None:
         view.observations[request["from"]:] = [Observation.model_validate(o) for o in request["observations"]]
         hook = request["hook"]
         try:
-            result = getattr(harness, hook)(view, *_arguments(hook, request["args"]))
-            result = await result if inspect.isawaitable(result) else result
+            result = await call_hook(getattr(harness, hook), view, *_arguments(hook, request["args"]))
             now = _public(view)
             reply = {"op": "return", "value": _encode(hook, result), "view": {k: v for k, v in now.items() if v != shown[k]}}
             shown = now

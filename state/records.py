@@ -37,6 +37,11 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
+def merge(left: dict, right: dict) -> dict:
+    """The reducer of maps keyed by id: later entries replace earlier ones."""
+    return {**left, **right}
+
+
 def content_hash(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
 
