@@ -145,6 +145,16 @@ class Ledger:
     def batches(self, run_id: str) -> list[dict]:
         return self._rows("batches", "run_id = ?", [run_id], order_by="rowid")
 
+    def record_round(self, run_id: str, round_: int, **fields) -> None:
+        """One co-evolution round: its pool, admitted batches, sub-run ids and the harness it ended with."""
+        with self._lock:
+            self.db["rounds"].upsert({"id": f"{run_id}:{round_}", "run_id": run_id, "round": round_, "updated_at": _now(),
+                                      **{k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in fields.items()}},
+                                     pk="id", alter=True)
+
+    def rounds(self, run_id: str) -> list[dict]:
+        return self._rows("rounds", "run_id = ?", [run_id], order_by="round")
+
     def _insert(self, table: str, row: dict, **how) -> None:
         """One plain INSERT, the per-episode path; sqlite-utils, which creates
         the table or (with `alter`) adds columns, only when that fails."""
