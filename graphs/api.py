@@ -114,18 +114,27 @@ def _check_same_run(run_id: str, payload: dict, context: Context) -> None:
                          + "; resume it with the same settings (omit them to reuse the recorded ones) or start a new run")
 
 
+def episode_event(record: EpisodeRecord) -> dict:
+    """What progress displays show of a finished episode."""
+    return {"episode": record.pair_id, "side": record.key.side, "bundle": record.bundle,
+            "success": bool(record.grade and record.grade.success), "status": record.status}
+
+
 async def _run_checkpointed(builder, name: str, run_id: str, payload: dict, context: Context, recursion_limit: int,
-                            on_event: Callable[[str, dict], None] | None) -> dict:
-    """Runs a graph under its run id in `runs/evolution.db`, or resumes it from its last checkpoint; its final state.
+                            on_event: Callable[[str, dict], None] | None, db: str = "evolution.db") -> dict:
+    """Runs a graph under its run id in `runs/<db>`, or resumes it from its last checkpoint; its final state
+    (a run that already finished is not run again).
 
     `on_event(node, update)` sees every node's update, subgraphs' included, and
     `("episode", {...})` for each episode an evaluation inside it finishes."""
     runs_dir().mkdir(parents=True, exist_ok=True)
-    async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / "evolution.db")) as saver:
+    async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / db)) as saver:
         saver.serde = SERDE
         graph = builder.compile(checkpointer=saver, name=name)
         config = {"configurable": {"thread_id": run_id}, "recursion_limit": recursion_limit}
         previous = await graph.aget_state(config)
+        if previous.values and not previous.next:
+            return previous.values
         async for _, kind, value in graph.astream(None if previous.next else payload, config, context=context,
                                                   stream_mode=["updates", "custom"], subgraphs=True, durability="sync"):
             if on_event is None:
@@ -185,3 +194,40 @@ async def evolve_envs(
     payload = {"run_id": run_id, "parents": parents, "diagnosis": diagnosis, "harness": harness, "proposers": proposers,
                "max_refinements": max_refinements, "batch_size": batch_size, "tau": tau, "batches": batches, "budget": budget}
     return run_id, await _run_checkpointed(env_evolution.builder, "env_evolution", run_id, payload, context, 100, on_event)
+
+
+async def run_coevolution(
+    base: str = "H0",
+    context: Context | None = None,
+    *,
+    train: list[str] | None = None,
+    validation: list[str] | None = None,
+    bench: list[str] | None = None,
+    rounds: int = 6,
+    env: str = "coevolve",
+    proposers: int = 5,
+    batch_size: int = 5,
+    tau: float = 0.4,
+    budget: int = 2,
+    max_refinements: int = 2,
+    candidates: int = 4,
+    mode: str = "fdcr",
+    channel: str = "structured",
+    review_rounds: int = 2,
+    rule: str = "hera",
+    run_id: str | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+) -> tuple[str, dict]:
+    """Runs (or resumes) a co-evolution: `rounds` of environment then harness evolution; the run id and its final
+    state (pool, batches, harness, lineage, per-round results). Pairs default to the catalog's splits."""
+    from graphs import coevolution
+
+    context = context or Context()
+    run_id = run_id or new_run_id()
+    payload = {"run_id": run_id, "base": base, "train": train if train is not None else split_pairs("train", context.catalog),
+               "validation": validation if validation is not None else split_pairs("validation", context.catalog),
+               "bench": bench if bench is not None else split_pairs("bench", context.catalog), "rounds": rounds, "env": env,
+               "proposers": proposers, "batch_size": batch_size, "tau": tau, "budget": budget, "max_refinements": max_refinements,
+               "candidates": candidates, "mode": mode, "channel": channel, "review_rounds": review_rounds, "rule": rule}
+    return run_id, await _run_checkpointed(coevolution.builder, "coevolution", run_id, payload, context, 20 + 10 * rounds,
+                                           on_event, db="coevolution.db")

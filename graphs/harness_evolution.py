@@ -94,12 +94,7 @@ def _entries(pair_ids: list[str], ctx: Context) -> dict:
 async def _evaluate(bundle: str, pairs: list[str], ctx: Context, run_id: str) -> tuple[dict, list]:
     """Metrics and episodes of one bundle on some pairs, as an evaluation run of its own (resumed by id)."""
     writer = get_stream_writer()
-
-    def progress(record) -> None:
-        writer({"episode": record.pair_id, "side": record.key.side, "bundle": record.bundle,
-                "success": bool(record.grade and record.grade.success), "status": record.status})
-
-    eval_id, metrics = await api.evaluate(bundle, pairs, ctx, run_id=run_id, on_episode=progress)
+    eval_id, metrics = await api.evaluate(bundle, pairs, ctx, run_id=run_id, on_episode=lambda r: writer(api.episode_event(r)))
     records = await asyncio.to_thread(Ledger(ctx.ledger).episodes, eval_id)
     return {**metrics.model_dump(), "run_id": eval_id}, [r for r in records if r.status == "done"]
 

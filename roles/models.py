@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, Sequence, TypeVar, runtime_checkable
 
 import openai
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage, messages_to_dict
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ValidationError
 
+from roles.journal import journaled
 from roles.local_model import QWEN_CODER_1_5B, local_server
 from roles.tool_calls import describe_object, fold_history, number_calls, parse_tool_calls, text_of, with_system_note
 from state.records import ToolInfo, UsageRecord
@@ -111,8 +112,11 @@ def chat_model(
             retry_base_s = float(os.environ.get("HERA_RETRY_BASE_S", "1.0"))
         except ValueError:
             raise ValueError(f"HERA_RETRY_BASE_S must be a number of seconds; got {os.environ['HERA_RETRY_BASE_S']!r}") from None
+    return JournaledModel(_provider_model(spec, role, {"timeout_s": timeout_s, "max_retries": max_retries, "retry_base_s": retry_base_s}))
+
+
+def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatModel:
     provider, _, name = spec.partition(":")
-    reliability = {"timeout_s": timeout_s, "max_retries": max_retries, "retry_base_s": retry_base_s}
     if spec == "local":
         return OpenAICompatibleModel(
             spec, role=role, model=QWEN_CODER_1_5B.name, record_as=f"local:{QWEN_CODER_1_5B.name}",
@@ -131,6 +135,49 @@ def chat_model(
 
         return ScriptedModel(name, role=role)
     raise ValueError(f"unknown model spec {spec!r}: expected 'openai:<model>', 'local' or 'scripted:<name>'")
+
+
+class JournaledModel:
+    """A model whose replies inside checkpointed runs go through the call journal (roles/journal.py),
+    so a resumed run does not make a finished call again."""
+
+    def __init__(self, model: ChatModel):
+        self.model, self.spec = model, model.spec
+        self.role = getattr(model, "role", "")
+
+    def __repr__(self) -> str:
+        return repr(self.model)
+
+    def _request(self, method: str, messages: list[BaseMessage], **more: Any) -> dict[str, Any]:
+        return {"spec": self.spec, "role": self.role, "method": method, "messages": messages_to_dict(messages), **more}
+
+    async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
+                       max_tokens: int | None = None, temperature: float | None = None) -> Completion:
+        request = self._request("complete", messages, tools=[t.model_dump(mode="json") for t in tools or ()],
+                                max_tokens=max_tokens, temperature=temperature)
+
+        def dump(c: Completion) -> str:
+            return json.dumps({"message": c.message.model_dump(mode="json"), "usage": c.usage.model_dump(mode="json"),
+                               "truncated": c.truncated})
+
+        def load(text: str) -> Completion:
+            data = json.loads(text)
+            return Completion(AIMessage.model_validate(data["message"]), UsageRecord.model_validate(data["usage"]), data["truncated"])
+
+        return await journaled(request, lambda: self.model.complete(messages, tools, max_tokens=max_tokens, temperature=temperature),
+                               dump, load)
+
+    async def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, UsageRecord]:
+        request = self._request("structured", messages, schema=schema.model_json_schema())
+
+        def dump(result: tuple[BaseModel, UsageRecord]) -> str:
+            return json.dumps({"value": result[0].model_dump(mode="json"), "usage": result[1].model_dump(mode="json")})
+
+        def load(text: str) -> tuple[BaseModel, UsageRecord]:
+            data = json.loads(text)
+            return schema.model_validate(data["value"]), UsageRecord.model_validate(data["usage"])
+
+        return await journaled(request, lambda: self.model.structured(messages, schema), dump, load)
 
 
 def model_prices() -> dict[str, tuple[float, float, float]]:

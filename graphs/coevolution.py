@@ -1,0 +1,229 @@
+"""The `coevolution` graph: HERA Stage 2 (§3.2, App. A.3), rounds of
+environment evolution then harness evolution.
+
+`setup` gives the run a catalog of its own holding the training and
+validation pairs only (the bench split is never copied in, so no role of
+the run can see it). Each round: `diagnose` runs the current harness on the
+cumulative training pool (the rollout cache makes episodes it already ran
+free) and has the failure analyst diagnose its failures; `evolve_envs` runs
+the `env_evolution` graph from that diagnosis and appends the admitted batch
+to the pool; `evolve_harness` runs one `harness_evolution` block on the grown
+pool, selecting on the fixed validation pairs; `record` writes the round to
+the ledger. `final` scores the last harness on the reserved bench pairs.
+
+How the pool grows is the configuration that separates HERA's baselines
+(`env`): `coevolve` (failure-guided batches each round, screened with the
+current harness), `augment` (batches generated without a diagnosis and
+admitted unscreened), `h0` (all batches generated up front from H0's
+failures, released one per round) and `none` (harness-only evolution).
+Sub-runs are graphs of their own, checkpointed under derived run ids, so a
+killed co-evolution resumes inside the sub-run it was in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Literal
+
+from langgraph.config import get_stream_writer
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from typing_extensions import TypedDict
+
+from envs.catalog import CATALOG, load_entry
+from graphs import api
+from graphs.env_evolution import pool_dir
+from roles.failure_analyst import failure_analyst, failure_records
+from state.context import Context
+from state.evolution import Diagnosis, LineageEntry
+from state.ledger import Ledger, runs_dir
+from state.records import UsageRecord, merge
+
+EnvMode = Literal["coevolve", "augment", "h0", "none"]
+
+
+class CoevolutionInput(TypedDict):
+    run_id: str
+    base: str
+    train: list[str]
+    validation: list[str]
+    bench: list[str]
+    rounds: int
+    env: EnvMode
+    # environment evolution
+    proposers: int
+    batch_size: int
+    tau: float
+    budget: int
+    max_refinements: int
+    # harness evolution
+    candidates: int
+    mode: Literal["fdcr", "aggregate", "serial"]
+    channel: Literal["structured", "code"]
+    review_rounds: int
+    rule: Literal["hera", "ecdysis"]
+
+
+class CoevolutionOutput(TypedDict, total=False):
+    pool: list[str]
+    batches: dict[str, list[str]]
+    harness: str
+    lineage: dict[str, LineageEntry]
+    results: list[dict]
+
+
+class CoevolutionState(CoevolutionInput, CoevolutionOutput, total=False):
+    lineage: Annotated[dict[str, LineageEntry], merge]
+    results: Annotated[list[dict], operator.add]
+    usage: Annotated[list[UsageRecord], operator.add]
+    catalog: str
+    round: int
+    harness_id: str  # the lineage entry of `harness`; "" for the starting bundle
+    diagnosis: Diagnosis
+    reserve: list[list[str]]  # env="h0": batches generated up front, released one per round
+    env_run: str
+
+
+def run_dir(run_id: str) -> Path:
+    return runs_dir() / "coevolution" / run_id
+
+
+def _sub(ctx: Context, state: CoevolutionState) -> Context:
+    return replace(ctx, catalog=state["catalog"])
+
+
+def _copy_pairs(source: Path, catalog: Path, pair_ids: list[str]) -> None:
+    """Copies each pair's file, and its environment directory once, from catalog `source` into `catalog`."""
+    for pair_id in pair_ids:
+        path = load_entry(pair_id, source).path
+        env_dir = catalog / path.parent.parent.name
+        if not env_dir.exists():
+            shutil.copytree(path.parent.parent, env_dir, ignore=shutil.ignore_patterns("pairs", "__pycache__"))
+        (env_dir / "pairs").mkdir(exist_ok=True)
+        shutil.copy2(path, env_dir / "pairs" / path.name)
+
+
+def _forward(node: str, value: dict) -> None:
+    """Passes a sub-run's episode progress on to whoever streams this graph."""
+    if node == "episode":
+        get_stream_writer()(value)
+
+
+def _progress(record) -> None:
+    get_stream_writer()(api.episode_event(record))
+
+
+async def setup(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
+    """The run's catalog (training and validation pairs only); writes `catalog`, `pool`, `batches`, `harness`, `round`."""
+    catalog = run_dir(state["run_id"]) / "catalog"
+    if catalog.exists():  # a crash between the copy and the checkpoint: start the copy over
+        shutil.rmtree(catalog)
+    catalog.mkdir(parents=True)
+    source = Path(runtime.context.catalog or CATALOG)
+    await asyncio.to_thread(_copy_pairs, source, catalog, state["train"] + state["validation"])
+    return {"catalog": str(catalog), "pool": list(state["train"]), "batches": {"initial": list(state["train"])},
+            "harness": state["base"], "harness_id": "", "round": 1}
+
+
+def needs_diagnosis(state: CoevolutionState) -> bool:
+    return state["env"] == "coevolve" or state["env"] == "h0" and state["round"] == 1
+
+
+def route_round(state: CoevolutionState) -> Literal["diagnose", "evolve_envs", "final"]:
+    if state["round"] > state["rounds"]:
+        return "final"
+    return "diagnose" if needs_diagnosis(state) else "evolve_envs"
+
+
+async def diagnose(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
+    """The current harness's training failures, diagnosed; writes `diagnosis`, `usage`."""
+    ctx = _sub(runtime.context, state)
+    eval_id, _ = await api.evaluate(state["harness"], state["pool"], ctx, run_id=f"{state['run_id']}-r{state['round']}-pool",
+                                    on_episode=_progress)
+    records = [r for r in await asyncio.to_thread(Ledger(ctx.ledger).episodes, eval_id) if r.status == "done"]
+    entries = await asyncio.to_thread(lambda: {p: load_entry(p, ctx.catalog) for p in state["pool"]})
+    diagnosis, usage = await failure_analyst(failure_records(records, entries), len(records), ctx.analyst_model, ctx.model_timeout_s)
+    return {"diagnosis": diagnosis, "usage": usage}
+
+
+async def evolve_envs(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
+    """Grows the pool by this round's batch, if any; writes `pool`, `batches`, `reserve`, `env_run`."""
+    ctx, round_, env = _sub(runtime.context, state), state["round"], state["env"]
+    if env == "none":
+        return {"env_run": ""}
+    reserve, env_run, admitted = list(state.get("reserve", [])), "", []
+    if env != "h0" or round_ == 1:
+        env_run = f"{state['run_id']}-e{round_}"
+        diagnosis = Diagnosis() if env == "augment" else state["diagnosis"]
+        batches = state["rounds"] if env == "h0" else 1
+        _, final = await api.evolve_envs(
+            state["pool"], diagnosis, ctx, harness=state["harness"], proposers=state["proposers"],
+            max_refinements=state["max_refinements"], batch_size=state["batch_size"], tau=0.0 if env == "augment" else state["tau"],
+            batches=batches, budget=state["budget"] * batches, run_id=env_run, on_event=_forward)
+        admitted = [s["batch"] for s in final.get("screenings", []) if s["admitted"]]
+        await asyncio.to_thread(_copy_pairs, pool_dir(env_run), Path(state["catalog"]), [p for b in admitted for p in b])
+        if env == "h0":
+            reserve, admitted = admitted[1:], admitted[:1]
+    elif reserve:
+        admitted, reserve = reserve[:1], reserve[1:]
+    batches = dict(state["batches"])
+    for i, batch in enumerate(admitted, 1):
+        batches[f"round-{round_}-{i}"] = batch
+    pool = state["pool"] + [p for b in admitted for p in b]
+    return {"pool": pool, "batches": batches, "reserve": reserve, "env_run": env_run}
+
+
+async def evolve_harness(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
+    """One harness-evolution block on the grown pool, selecting on the validation pairs; writes `harness`, `harness_id`, `lineage`."""
+    ctx = _sub(runtime.context, state)
+    harness_run, final = await api.evolve_harness(
+        state["harness"], state["pool"], state["validation"], ctx, candidates=state["candidates"], mode=state["mode"],
+        channel=state["channel"], rounds=state["review_rounds"], rule=state["rule"], run_id=f"{state['run_id']}-h{state['round']}",
+        on_event=_forward)
+    selected = final["lineage"][final["selected"]]
+    return {"harness": selected.path, "harness_id": selected.id, "lineage": final["lineage"],
+            "results": [{"round": state["round"], "harness_run": harness_run, "harness": selected.id, "bundle": selected.path,
+                         "train_run": selected.train["run_id"], "validation_run": selected.validation["run_id"],
+                         "train": selected.train, "validation": selected.validation}]}
+
+
+async def record(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
+    """Writes the round to the ledger and moves to the next; writes `round`."""
+    result = state["results"][-1]
+    await asyncio.to_thread(Ledger(runtime.context.ledger).record_round, state["run_id"], state["round"],
+                            env_run=state.get("env_run") or None, pool=state["pool"], batches=state["batches"],
+                            **{k: result[k] for k in ("harness_run", "harness", "bundle", "train_run", "validation_run")})
+    return {"round": state["round"] + 1}
+
+
+async def final(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
+    """Scores the final harness on the reserved bench pairs (from the user's catalog); writes `results`."""
+    if not state["bench"] or not state.get("results"):
+        return {}
+    ctx = runtime.context
+    bench_run, metrics = await api.evaluate(state["harness"], state["bench"], ctx, run_id=f"{state['run_id']}-bench",
+                                            on_episode=_progress)
+    await asyncio.to_thread(Ledger(ctx.ledger).record_round, state["run_id"], state["rounds"], bench_run=bench_run)
+    return {"results": [{"round": "bench", "bench_run": bench_run, "bench": metrics.model_dump()}]}
+
+
+def build_coevolution() -> StateGraph:
+    builder = StateGraph(CoevolutionState, context_schema=Context, input_schema=CoevolutionInput, output_schema=CoevolutionOutput)
+    for node in (setup, diagnose, evolve_envs, evolve_harness, record, final):
+        builder.add_node(node)
+    builder.add_edge(START, "setup")
+    builder.add_conditional_edges("setup", route_round)
+    builder.add_edge("diagnose", "evolve_envs")
+    builder.add_edge("evolve_envs", "evolve_harness")
+    builder.add_edge("evolve_harness", "record")
+    builder.add_conditional_edges("record", route_round)
+    builder.add_edge("final", END)
+    return builder
+
+
+builder = build_coevolution()
+graph = builder.compile(name="coevolution")

@@ -1,0 +1,92 @@
+"""The call journal: the replies of model calls made inside checkpointed runs,
+so that a run resumed after a crash re-reads the calls it already made
+instead of asking (and paying) again.
+
+A call is named by its scope (the episode it belongs to, or else the
+checkpointed graph task that made it: thread id and checkpoint namespace,
+both stable across a resume), its request, and how many identical requests
+its scope made before it. A resumed run asks the same questions in the same
+order, so it finds the same names; a fresh run never finds one, and calls
+outside a checkpointed run are not journaled at all. Failed calls are not
+kept. The journal lives in `runs/calls.db`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
+
+from langgraph.config import get_config
+
+from state.ledger import runs_dir
+
+T = TypeVar("T")
+_scope: ContextVar[str | None] = ContextVar("hera_call_scope", default=None)
+_counts: ContextVar[dict[str, int] | None] = ContextVar("hera_call_counts", default=None)
+_connections: dict[Path, sqlite3.Connection] = {}
+_lock = threading.Lock()
+
+
+@contextmanager
+def call_scope(name: str) -> Iterator[None]:
+    """Names the scope of the calls made inside (an episode: its key and attempt)."""
+    token = _scope.set(name)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def current_scope() -> str | None:
+    explicit = _scope.get()
+    if explicit:
+        return explicit
+    try:
+        configurable = get_config().get("configurable", {})
+    except RuntimeError:  # not inside a graph
+        return None
+    thread = configurable.get("thread_id")
+    return f"{thread}/{configurable.get('checkpoint_ns', '')}" if thread else None
+
+
+def _db() -> sqlite3.Connection:
+    path = runs_dir() / "calls.db"
+    with _lock:
+        if path not in _connections:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            conn.execute("pragma journal_mode=wal")
+            conn.execute("create table if not exists calls (id text primary key, reply text not null)")
+            _connections[path] = conn
+        return _connections[path]
+
+
+async def journaled(request: dict[str, Any], call: Callable[[], Awaitable[T]], dump: Callable[[T], str],
+                    load: Callable[[str], T]) -> T:
+    """`call()`'s result, read back from the journal when this call was already made in this scope."""
+    scope = current_scope()
+    if scope is None:
+        return await call()
+    counts = _counts.get()
+    if counts is None:
+        counts = {}
+        _counts.set(counts)
+    digest = hashlib.sha256(json.dumps([scope, request], sort_keys=True, default=str).encode()).hexdigest()
+    n = counts.get(digest, 0)
+    counts[digest] = n + 1
+    key = f"{digest}:{n}"
+    db = _db()
+    with _lock:
+        row = db.execute("select reply from calls where id = ?", [key]).fetchone()
+    if row:
+        return load(row[0])
+    result = await call()
+    with _lock:
+        db.execute("insert or replace into calls (id, reply) values (?, ?)", [key, dump(result)])
+    return result

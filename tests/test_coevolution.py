@@ -1,0 +1,178 @@
+"""Co-evolution with scripted models: round bookkeeping (the pool grows by a
+batch a round, validation stays fixed, the bench split reaches no role), the
+baselines' wiring, and resuming after a SIGKILL."""
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from graphs import api
+from graphs.coevolution import run_dir
+from roles import scripted
+from state.context import Context
+from state.ledger import Ledger
+from tests.conftest import FIXTURES
+from tests.scripts import eager_agent, shop_judge
+
+PARENT = "shop-reserve-drill"
+ROOT = Path(__file__).parent.parent
+CAUSE = {"cause": "It changes state without confirming the required facts.", "evidence": "reserve right after a lookup with no price"}
+SPEC = {"failure_patterns": ["acts although a required fact is missing"],
+        "changes": [{"component": "prompts", "description": "ask for care", "rationale": "the agent writes without checking"}],
+        "skills": [], "implementation_notes": ""}
+# an edit that changes nothing the scripted agent reacts to: the candidate never beats its parent, so H0 stays
+# the harness, keeps failing to abstain, and every round's batch is admitted
+EDIT = {"rationale": "ask for care", "system_prompt_addition": "Be careful.", "components": [], "skills": [], "max_turns": None}
+ACCEPT = {"accept": True, "reasons": "breaks the price requirement; observable"}
+HELD_OUT = {"validation": "Validation task: reserve two cordless drills and tell me the unit price.",
+            "bench": "Bench task: reserve two cordless drills and tell me the unit price."}
+
+
+def make_catalog(root: Path) -> Path:
+    """The shop fixture with one training pair and its copies as a validation and a bench pair (their own words)."""
+    catalog = root / "catalog"
+    shutil.copytree(FIXTURES / "shop", catalog / "shop")
+    for path in (catalog / "shop" / "pairs").glob("*.yaml"):
+        if path.stem != PARENT:
+            path.unlink()
+    pair = yaml.safe_load((catalog / "shop" / "pairs" / f"{PARENT}.yaml").read_text())
+    for split, instruction in HELD_OUT.items():
+        copy = {**pair, "id": f"{split}-drill", "split": split, "task": {**pair["task"], "instruction": instruction}}
+        (catalog / "shop" / "pairs" / f"{split}-drill.yaml").write_text(yaml.safe_dump(copy, sort_keys=False))
+    return catalog
+
+
+def mutation() -> dict:
+    return yaml.safe_load((FIXTURES / "shop" / "pairs" / f"{PARENT}.yaml").read_text())["mutation"]
+
+
+def propose(messages, schema):
+    if schema.__name__ == "DesignPlan":
+        return {"targets": [{"parent": PARENT, "category": "missing_evidence", "idea": "hide the price"}]}
+    return mutation()
+
+
+def analyse(messages, schema):
+    return CAUSE if schema.__name__ == "GroupCause" else SPEC
+
+
+def register_models(wrap=lambda name, step: step) -> None:
+    for name, step, n in (("agent", eager_agent, 400), ("judge", shop_judge, 100), ("proposer", propose, 20),
+                          ("reviewer", ACCEPT, 40), ("analyst", analyse, 20), ("optimizer", EDIT, 10)):
+        scripted.register(name, [wrap(name, step)] * n)
+
+
+def models(catalog: Path, ledger: Path) -> Context:
+    return Context(agent_model="scripted:agent", judge_model="scripted:judge", analyst_model="scripted:analyst",
+                   optimizer_model="scripted:optimizer", proposer_model="scripted:proposer", reviewer_model="scripted:reviewer",
+                   catalog=str(catalog), ledger=str(ledger))
+
+
+SETTINGS = {"rounds": 2, "proposers": 1, "batch_size": 1, "budget": 1, "max_refinements": 0, "candidates": 1,
+            "mode": "aggregate", "review_rounds": 1}
+
+
+@pytest.fixture
+def context(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+    scripted.clear()
+    yield models(make_catalog(tmp_path), tmp_path / "ledger.db")
+    scripted.clear()
+
+
+def test_rounds_grow_the_pool_by_a_batch_keep_validation_and_hide_the_bench(context):
+    register_models()
+    run_id, final = asyncio.run(api.run_coevolution("H0", context, run_id="co-1", **SETTINGS))
+    rounds = Ledger(context.ledger).rounds(run_id)
+    assert [r["round"] for r in rounds] == [1, 2]
+    pools = [json.loads(r["pool"]) for r in rounds]
+    assert [len(p) for p in pools] == [1 + 1, 1 + 2] and pools[0][0] == PARENT and pools[1][:2] == pools[0]
+    batches = json.loads(rounds[-1]["batches"])
+    assert list(batches) == ["initial", "round-1-1", "round-2-1"] and batches["initial"] == [PARENT]
+    assert final["pool"] == pools[-1] and [r["round"] for r in final["results"]] == [1, 2, "bench"]
+    # validation is the same pair every round; the bench pair is scored once, at the end, by the final harness
+    for r in rounds:
+        assert json.loads(Ledger(context.ledger).run(r["validation_run"])["pairs"]) == ["validation-drill"]
+    assert rounds[-1]["bench_run"] == "co-1-bench"
+    bench_runs = {e.pair_id: run for run in [r["id"] for r in Ledger(context.ledger).runs()] for e in Ledger(context.ledger).episodes(run)}
+    assert bench_runs["bench-drill"] == "co-1-bench"
+    # the run's own catalog, which every role reads, never held the bench pair
+    assert not list((run_dir(run_id) / "catalog").glob("*/pairs/bench-drill.yaml"))
+    prompts = "\n".join(m.content for name in ("proposer", "reviewer", "analyst", "optimizer")
+                        for c in scripted.calls(name) for m in c.messages)
+    assert "Reserve two cordless drills" in prompts
+    for split, instruction in HELD_OUT.items():
+        assert instruction not in prompts and f"{split}-drill" not in prompts
+    # each round's harness: H0 was never beaten, and every candidate is in the lineage with why
+    assert [r["harness"] for r in final["results"][:2]] == ["co-1-h1:H0", "co-1-h2:H0"]
+    rejected = [e for e in final["lineage"].values() if e.parent_id]
+    assert len(rejected) == 2 and all(not e.adopted and "no validation score improved" in e.reason for e in rejected)
+
+
+@pytest.mark.parametrize("env,growth,designs", [
+    ("none", [1, 1], 0),        # harness-only evolution: the initial pool throughout
+    ("augment", [2, 3], 2),     # a batch a round, designed without a diagnosis, admitted unscreened
+    ("h0", [2, 3], 2),          # both batches designed in round 1 from H0's failures, released one a round
+])
+def test_baselines_grow_the_pool_as_configured(context, env, growth, designs):
+    register_models()
+    run_id, final = asyncio.run(api.run_coevolution("H0", context, env=env, bench=[], **SETTINGS))
+    pools = [json.loads(r["pool"]) for r in Ledger(context.ledger).rounds(run_id)]
+    assert [len(p) for p in pools] == growth
+    plans = [c for c in scripted.calls("proposer") if c.schema.__name__ == "DesignPlan"]
+    assert len(plans) == designs
+    if env == "augment":
+        assert all("0 failures in 0 episodes." in c.messages[0].content for c in plans)
+        assert all(b["needed"] == 0 for r in range(1, 3) for b in Ledger(context.ledger).batches(f"{run_id}-e{r}"))
+    if env == "h0":
+        screens = Ledger(context.ledger).batches(f"{run_id}-e1")
+        assert [b["admitted"] for b in screens] == [1, 1] and not Ledger(context.ledger).batches(f"{run_id}-e2")
+
+
+def test_resume_after_sigkill_repeats_no_finished_episode_or_model_call(tmp_path):
+    catalog = make_catalog(tmp_path)
+
+    def driver(name: str) -> tuple[list[str], dict]:
+        env = {**os.environ, "HERA_RUNS": str(tmp_path / name / "runs"), "PYTHONPATH": str(ROOT)}
+        (tmp_path / name).mkdir(exist_ok=True)
+        args = [str(catalog), str(tmp_path / name / "ledger.db"), str(tmp_path / name / "calls.log"), "co-kill"]
+        return [sys.executable, "-m", "tests.drivers.coevolve_shop", *args], env
+
+    # the reference: the same run, never interrupted
+    cmd, env = driver("whole")
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, timeout=300)
+    whole = Counter((tmp_path / "whole" / "calls.log").read_text().splitlines())
+
+    cmd, env = driver("killed")
+    log = tmp_path / "killed" / "calls.log"
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        # kill it inside round 1's harness-evolution block, after its coding agent answered
+        while time.time() < deadline and "optimizer" not in (log.read_text() if log.exists() else ""):
+            time.sleep(0.01)
+        assert first.poll() is None, "the driver finished before it could be killed"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    before = Counter(log.read_text().splitlines())
+    assert before["optimizer"] == 1 and before["optimizer"] < whole["optimizer"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    after = Counter(log.read_text().splitlines()) - before
+    # every call the uninterrupted run made, made exactly once across the kill: none repeated, none skipped
+    assert before + after == whole, f"before {dict(before)} + after {dict(after)} != whole {dict(whole)}"
+    ledger = Ledger(tmp_path / "killed" / "ledger.db")
+    assert [r["round"] for r in ledger.rounds("co-kill")] == [1, 2]
+    executed = [a["episode_id"] for run in ledger.runs() for a in ledger.attempts(run["id"]) if a["status"] == "done"]
+    assert len(executed) == len(set(executed)), "an episode that finished was run again"
