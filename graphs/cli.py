@@ -32,11 +32,12 @@ from envs.spec import SpecError
 from graphs import api
 from graphs.api import split_pairs
 from graphs.metrics import Metrics
-from harness.bundle import bundle_diff
+from graphs.report import build_report, funnel, score_cell, score_note, score_rows, transfer_report, write_report
+from harness.bundle import bundle_diff, load_bundle
 from state.context import Context
 from roles.failure_analyst import failure_analyst, failure_records
 from state.evolution import Diagnosis, LineageEntry
-from state.ledger import Ledger
+from state.ledger import Ledger, runs_dir
 from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 
 console = Console(stderr=True)
@@ -246,19 +247,9 @@ def metrics_table(run_id: str, harness: str, model: str, metrics: Metrics) -> Ta
     table = Table(title=title)
     for col in ("metric", "count", "%", "95% CI"):
         table.add_column(col, justify="right" if col != "metric" else "left")
-    labels = {"abstain": "Abstain", "act": "Act", "pair": "Pair", "over_abstain": "Over-abstain", "grounded": "Grounded abstain"}
-    for key, label in labels.items():
-        pct = f"{metrics.percent[key]:.1f}" if metrics.percent else "—"
-        ci = f"{metrics.ci95[key][0]:.1f}–{metrics.ci95[key][1]:.1f}" if metrics.ci95 else "—"
-        table.add_row(label, f"{metrics.counts[key]}/{metrics.totals[key]}", pct, ci)
-    if metrics.complete:
-        table.add_row(f"Pass@{metrics.trials} (Pair)", "", f"{metrics.pass_at_k:.1f}", "")
-        table.add_row(f"Pass^{metrics.trials} (Pair)", "", f"{metrics.pass_hat_k:.1f}", "")
-    u = metrics.usage
-    table.caption = (f"{metrics.finished}/{metrics.planned} episodes finished"
-                     + ("" if metrics.complete else " — incomplete: counts only")
-                     + f"; tokens in {u['input_tokens']:,.0f} (cached {u['cached_tokens']:,.0f}), out {u['output_tokens']:,.0f}"
-                     + (f"; ${u['cost_usd']:.4f}" if u["cost_usd"] else ""))
+    for row in score_rows(metrics):
+        table.add_row(*row)
+    table.caption = score_note(metrics)
     return table
 
 
@@ -273,18 +264,9 @@ def runs_list(args: argparse.Namespace) -> int:
     for r in runs:
         m = json.loads(r["metrics"]) if r.get("metrics") else None
         table.add_row(r["id"], r.get("bundle", ""), r.get("model", ""), str(len(json.loads(r.get("pairs") or "[]"))),
-                      str(r.get("trials", "")), *(_score(m, k) for k in ("abstain", "act", "pair")), r["updated_at"])
+                      str(r.get("trials", "")), *(score_cell(m, k) for k in ("abstain", "act", "pair")), r["updated_at"])
     console.print(table)
     return 0
-
-
-def _score(metrics: dict | None, name: str) -> str:
-    """A percentage for a complete run, counts for an incomplete one."""
-    if metrics is None:
-        return "—"
-    if metrics["percent"]:
-        return f"{metrics['percent'][name]:.1f}%"
-    return f"{metrics['counts'][name]}/{metrics['totals'][name]}"
 
 
 def _flag(grade: Grade | None, name: str) -> str:
@@ -443,16 +425,15 @@ def evolve_envs(args: argparse.Namespace) -> int:
             parents, diagnosis, context, harness=args.harness, proposers=args.proposers, max_refinements=args.max_refinements,
             batch_size=args.batch_size, tau=args.tau, batches=args.batches, budget=args.budget, run_id=args.run_id, on_event=on_event))
     outcomes = list(final.get("outcomes", {}).values())
-    funnel = {"proposals": len(outcomes), "passed_review": sum(any("accepts" in r for r in o.reviews) for o in outcomes),
-              "certified": sum(o.status == "certified" for o in outcomes), "admitted": len(final.get("admitted", []))}
+    counts = funnel(outcomes, len(final.get("admitted", [])))
     if args.json:
-        print(json.dumps({"run_id": run_id, "funnel": funnel, "outcomes": [o.model_dump() for o in outcomes],
+        print(json.dumps({"run_id": run_id, "funnel": counts, "outcomes": [o.model_dump() for o in outcomes],
                           "screenings": final.get("screenings", []), "admitted": final.get("admitted", [])}, indent=1, default=str))
     else:
         table = Table(title=f"environment evolution {run_id}")
-        for col in funnel:
+        for col in counts:
             table.add_column(col.replace("_", " "), justify="right")
-        table.add_row(*(str(v) for v in funnel.values()))
+        table.add_row(*(str(v) for v in counts.values()))
         console.print(table)
     return 0 if final.get("admitted") else 1
 
@@ -461,7 +442,7 @@ def lineage_tree(run_id: str, entries: list[LineageEntry]) -> Tree:
     tree = Tree(f"lineage of {run_id}")
     nodes: dict[str | None, Tree] = {None: tree}
     for e in entries:
-        scores = "  ".join(f"{name} " + " ".join(f"{k.title()} {_score(m, k)}" for k in ("abstain", "pair"))
+        scores = "  ".join(f"{name} " + " ".join(f"{k.title()} {score_cell(m, k)}" for k in ("abstain", "pair"))
                            for name, m in (("train", e.train), ("val", e.validation)) if m)
         mark = "[green]adopted[/]" if e.adopted else "[dim]not adopted[/]"
         label = f"[bold]{e.bundle_id}[/] {mark}  {scores}"
@@ -491,13 +472,104 @@ def lineage_show(args: argparse.Namespace) -> int:
 
 
 def diff_bundles(args: argparse.Namespace) -> int:
-    paths = {e.id: e.path for e in Ledger(args.ledger).lineage()}
     try:
-        diff = bundle_diff(paths.get(args.a, args.a), paths.get(args.b, args.b))
+        diff = bundle_diff(bundle_ref(args.ledger, args.a), bundle_ref(args.ledger, args.b))
     except SpecError as exc:
         raise UsageError(str(exc)) from None
     print(diff, end="")
     return 0
+
+
+def bundle_ref(ledger: str | None, ref: str) -> str:
+    """A lineage id's bundle directory; any other reference (a directory or a built-in name) unchanged."""
+    return {e.id: e.path for e in Ledger(ledger).lineage()}.get(ref, ref)
+
+
+def report_run(args: argparse.Namespace) -> int:
+    ledger = Ledger(args.ledger)
+    try:
+        built = build_report(ledger, args.run_id)
+    except KeyError:
+        raise UsageError(f"unknown run {args.run_id!r}: {ledger.path} holds no evaluation, harness-evolution, "
+                         "environment-evolution or co-evolution run of that id (see `hera runs list`, `hera lineage`)") from None
+    paths = write_report(built, Path(args.out) if args.out else runs_dir() / "reports" / args.run_id)
+    if args.json:
+        print(json.dumps({"run_id": args.run_id, "kind": built.kind, **{k: str(v) for k, v in paths.items()}}, indent=1))
+        return 0
+    console.print(f"{escape(built.title)}: {len(built.sections)} section(s), {len(built.tables())} table(s), {len(built.figures())} figure(s)")
+    for path in paths.values():
+        print(path)
+    return 0
+
+
+def transfer(args: argparse.Namespace) -> int:
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models:
+        raise UsageError("--models: expected model specs separated by commas, e.g. local,openai:gpt-4o-mini")
+    bundle = bundle_ref(args.ledger, args.harness)
+    harness = load_bundle(bundle)
+    pair_ids = args.pairs or split_pairs(args.split, args.catalog)
+    if args.limit:
+        pair_ids = pair_ids[: args.limit]
+    if not pair_ids:
+        raise UsageError(f"no pairs in split {args.split!r}")
+    for pair_id in pair_ids:
+        _entry(args, pair_id)
+    judge = args.judge_model or models[0]
+    results = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task(f"{harness.id} across {len(models)} models", total=2 * len(pair_ids) * args.trials * len(models))
+        for model in models:
+            context = Context(agent_model=model, judge_model=judge, catalog=args.catalog, ledger=args.ledger, max_infra_retries=args.retries)
+
+            def advance(record: EpisodeRecord, model: str = model) -> None:
+                mark = "✓" if record.grade and record.grade.success else ("!" if record.status != "done" else "✗")
+                progress.update(bar, advance=1, description=f"{harness.id} × {model}  {record.pair_id}/{record.key.side} {mark}")
+
+            try:
+                run_id, metrics = asyncio.run(api.evaluate(bundle, pair_ids, context, trials=args.trials, seed=args.seed,
+                                                           concurrency=args.concurrency, on_episode=advance))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            results.append((model, run_id, metrics))
+    built = transfer_report(Ledger(args.ledger), harness.id, judge, len(pair_ids), args.trials, results)
+    paths = write_report(built, Path(args.out) if args.out else runs_dir() / "reports" / built.run_id, stem="transfer")
+    if args.json:
+        print(json.dumps({"harness": harness.id, "bundle": str(harness.path), "judge": judge, "pairs": pair_ids, "paths": {k: str(v) for k, v in paths.items()},
+                          "rows": [{"model": m, "run_id": r, "metrics": x.model_dump()} for m, r, x in results]}, indent=1))
+    else:
+        matrix = built.tables()[0]
+        table = Table(title=matrix.title, caption=matrix.note)
+        for col in matrix.columns:
+            table.add_column(col, justify="left" if col in ("model", "run", "note") else "right", overflow="fold")
+        for row in matrix.rows:
+            table.add_row(*row)
+        console.print(table)
+        for path in paths.values():
+            print(path)
+    return 0 if all(m.complete for _, _, m in results) else 1
+
+
+def _add_report_parsers(top) -> None:
+    rp = top.add_parser("report", help="a run's report: report.md and a self-contained report.html with figures")
+    rp.add_argument("run_id", metavar="RUN", help="an evaluation, harness-evolution, environment-evolution or co-evolution run")
+    rp.add_argument("--out", help="directory (default: runs/reports/RUN)")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(run=report_run)
+    tr = top.add_parser("transfer", help="one frozen harness across models: the Abstain/Act/Pair/Over-abstain matrix")
+    tr.add_argument("--harness", required=True, help="bundle directory, built-in name or lineage id")
+    tr.add_argument("--models", required=True, help="model specs separated by commas")
+    tr.add_argument("--judge-model", help="the abstention judge, fixed across models (default: the first of --models)")
+    tr.add_argument("--split", default="bench", choices=["train", "validation", "bench"])
+    tr.add_argument("--pairs", nargs="*", help="pair ids (default: the whole split)")
+    tr.add_argument("--limit", type=int, help="only the first N pairs")
+    tr.add_argument("--trials", type=int, default=1)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--concurrency", type=int, default=1)
+    tr.add_argument("--retries", type=int, default=2, help="re-runs of an episode after an infrastructure error")
+    tr.add_argument("--out", help="directory (default: runs/reports/transfer-<id>)")
+    tr.add_argument("--json", action="store_true")
+    tr.set_defaults(run=transfer)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -599,12 +671,13 @@ def parser() -> argparse.ArgumentParser:
     df.add_argument("a")
     df.add_argument("b")
     df.set_defaults(run=diff_bundles)
+    _add_report_parsers(top)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command in ("eval", "evolve-harness", "evolve-envs"):
+    if args.command in ("eval", "evolve-harness", "evolve-envs", "transfer"):
         api.tune_gc()
     try:
         return args.run(args)
