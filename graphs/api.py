@@ -34,6 +34,8 @@ SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
                                             "ModificationSpec", "ComponentChoice", "LineageEntry")
 ] + [("state.evolution", name) for name in ("ProposalTarget", "Review", "ProposalOutcome")
 ] + [("state.records", name) for name in ("Mutation", "StateOp", "ToolPatch", "Scope", "Evidence")
+] + [("state.construction", name) for name in ("Decision", "SolverAttempt", "TaskDraft")
+] + [("state.records", name) for name in ("ToolInfo", "AnswerCheck", "StateCheck", "CallPattern")
 ] + [("state.context", "EpisodeRequest"), ("graphs.metrics", "Metrics"), ("graphs.fdcr", "Turn")])
 
 
@@ -185,3 +187,23 @@ async def evolve_envs(
     payload = {"run_id": run_id, "parents": parents, "diagnosis": diagnosis, "harness": harness, "proposers": proposers,
                "max_refinements": max_refinements, "batch_size": batch_size, "tau": tau, "batches": batches, "budget": budget}
     return run_id, await _run_checkpointed(env_evolution.builder, "env_evolution", run_id, payload, context, 100, on_event)
+
+
+async def build_environment(
+    theme: str,
+    out: str,
+    context: Context,
+    *,
+    tasks: int = 3,
+    max_attempts: int = 3,
+    max_turns: int = 12,
+    run_id: str | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+) -> tuple[str, dict]:
+    """Builds (or resumes building) an environment and its validated tasks from a theme into the
+    directory `out`; the run id and its final state (status, env_id, kept, decisions)."""
+    from graphs import construct
+
+    run_id = run_id or new_run_id()
+    payload = {"theme": theme, "out": out, "tasks": tasks, "max_attempts": max_attempts, "max_turns": max_turns}
+    return run_id, await _run_checkpointed(construct.builder, "construct", run_id, payload, context, 20 + 4 * max_attempts, on_event)
