@@ -42,7 +42,8 @@ from state.context import Context
 from state.records import Observation, TaskSpec, ToolCall, ToolInfo, UsageRecord, merge
 
 LOG = "construction.json"
-MIN_REJECTED = 2
+MIN_REJECTED = 2  # perturbed outcomes a kept task's verifier must reject, as certification asks
+PROPOSER_ROWS = 10  # rows per table the task proposer sees, to ground its tasks in
 
 
 class ConstructInput(TypedDict):
@@ -129,7 +130,7 @@ async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder",
 async def task_proposer(state: ConstructState, runtime: Runtime[Context]) -> dict:
     """Proposes tasks with their verification rules and keeps those that pass the pre-checks; writes `drafts`, `decisions`."""
     ctx, out = runtime.context, Path(state["out"])
-    database = await asyncio.to_thread(describe_database, out)
+    database = await asyncio.to_thread(describe_database, out, PROPOSER_ROWS)
     proposed, usage = await propose_tasks(database, state["tools"], state["tasks"], ctx.task_model, ctx.model_timeout_s)
     _, tables, _ = await asyncio.to_thread(load_database, out)
     drafts, decisions, seen = [], [], set()

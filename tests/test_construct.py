@@ -12,16 +12,18 @@ import yaml
 from langgraph.checkpoint.memory import InMemorySaver
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 
-from envs.construct import public_context, run_call, stage_public, write_database, write_tools_module
+from envs.construct import (check_task, public_context, run_call, stage_public, task_perturbations, task_problems, task_spec,
+                            write_database, write_tools_module)
 from envs.runtime import EnvInstance
-from envs.spec import load_environment, load_tools
+from envs.spec import load_database, load_environment, load_tools
 from graphs import cli
 from graphs.construct import builder
 from harness.tool_sandbox import check_tools
 from prompts import render
 from roles import scripted
-from state.construction import DatabaseDraft, ToolsDraft
+from state.construction import DatabaseDraft, TaskDraft, ToolsDraft
 from state.context import Context
+from state.records import ToolCall
 
 THEME = "a city library's books and loans"
 
@@ -291,6 +293,17 @@ def return_book(db, book_id: str) -> dict:
 
 
 @read_tool
+def wait_for_book(db, book_id: str) -> dict:
+    """Never returns.
+
+    Args:
+        book_id: The book's id.
+    """
+    while True:
+        pass
+
+
+@read_tool
 def find_title(db, title: str) -> dict:
     """Declares a string result but returns a list, and accepts what it should refuse.
 
@@ -311,6 +324,8 @@ BROKEN_DECLARED = [
      "invalid": [{"args": {"book_id": "BK-1"}, "error_code": "not_on_loan"}]},
     {"name": "find_title", "read_only": True, "returns": {"type": "string"}, "valid": [{"title": "River Songs"}],
      "invalid": [{"args": {"title": "No Such Book"}, "error_code": "not_found"}]},
+    {"name": "wait_for_book", "read_only": True, "returns": {"type": "object"}, "valid": [{"book_id": "BK-1"}],
+     "invalid": [{"args": {"book_id": "BK-9"}, "error_code": "not_found"}]},
     {"name": "renew_loan", "read_only": False, "returns": {"type": "object"}, "valid": [{}]},
 ]
 
@@ -328,11 +343,14 @@ def test_tool_validation_in_the_sandbox_finds_each_defect(tmp_path):
         "return_book: no valid call declared",
         'return_book({"book_id": "BK-1"}): escaped the runtime with SystemExit: bye',
         'return_book({"book_id": "BK-1"}): a failed call left a partial write: books[BK-1]',
+        'wait_for_book({"book_id": "BK-1"}): escaped the runtime with CallTimeout: did not finish within 5s',
+        'wait_for_book({"book_id": "BK-9"}): escaped the runtime with CallTimeout: did not finish within 5s',
         'find_title({"title": "River Songs"}): the result does not match `returns` at the result: [\'BK-3\'] is not of type \'string\'',
         'find_title({"title": "No Such Book"}): declared invalid (not_found) but succeeded',
     ]
     # lend_book writes before it refuses: the runtime rolls the partial write back, so the check passes it
-    assert [t.name for t in tools] == ["list_books", "get_book", "touch_book", "count_books", "lend_book", "return_book", "find_title"]
+    assert [t.name for t in tools] == ["list_books", "get_book", "touch_book", "count_books", "lend_book", "return_book",
+                                       "wait_for_book", "find_title"]
 
 
 def test_a_refused_write_is_rolled_back_by_the_runtime(tmp_path):
@@ -359,3 +377,39 @@ def test_cli_builds_an_environment(context, tmp_path, capsys):
     assert (result["status"], result["environment"], result["kept"]) == ("built", "city-library", ["lend-tide-atlas"])
     assert load_environment(out).id == "city-library"
     assert cli.main(["envs", "build", "--theme", THEME, "--out", str(out)]) == 2  # not empty: refused before any model runs
+
+
+def test_task_pre_checks_name_each_problem(tmp_path):
+    out = written(tmp_path / "library", GOOD_TOOLS)
+    _, tables, _ = load_database(out)
+    tools = EnvInstance(load_environment(out)).public_tools
+    draft = TaskDraft.model_validate({
+        "id": "Tide", "instruction": "Lend The Tide Atlas to Ada Park; there should be 1 copy left. It may be impossible.",
+        "answer": [{"name": "copies_left", "value": 1}, {"name": "title"}],
+        "state": [{"table": "loans", "match": {"book": "BK-1"}}], "allowed_writes": ["loans", "members"],
+        "forbidden": [{"tool": "delete_loan"}]})
+    assert task_problems(draft, tables, tools) == [
+        "task Tide: id must be kebab-case",
+        "task Tide: state.0.match.book is not a column of loans",
+        "task Tide: allowed_writes names 'members', not a table",
+        "task Tide: forbidden names 'delete_loan', not a tool",
+        "task Tide: the instruction states the answer value copies_left=1",
+        "task Tide: answer.1 (title) has no value or any_of",
+        "task Tide: the instruction says 'impossible'",
+    ]
+    assert task_problems(TaskDraft.model_validate(KEPT), tables, tools) == []
+
+
+def test_perturbations_swap_a_text_value_for_another_records_and_change_an_unwritten_table(tmp_path):
+    env = load_environment(written(tmp_path / "library", GOOD_TOOLS))
+    task = task_spec(TaskDraft.model_validate({**KEPT, "answer": [{"name": "title", "value": "The Tide Atlas"}]}),
+                     (ToolCall(tool="lend_book", args={"book_id": "BK-1", "member": "Ada Park"}),), "Lent The Tide Atlas to Ada Park.")
+    cases = dict(task_perturbations(env, task))
+    assert list(cases) == ["answer without title", "writes left out", "empty answer, no writes",
+                           "answer with another title (Mountain Birds)", "an extra change to branches"]
+    assert cases["answer with another title (Mountain Birds)"].answer == "Lent Mountain Birds to Ada Park."
+    extra = cases["an extra change to branches"].diff.changes
+    assert [(c.table, c.key, c.after["name"]) for c in extra if c.table == "branches"] == [("branches", "B1", "Harbor Branch (changed)")]
+    check = check_task(env, task)
+    assert (check.failures, check.accepted_perturbations) == ((), ())
+    assert check.rejected_perturbations == tuple(cases)
