@@ -78,8 +78,10 @@ def load_environment(directory: Path | str) -> EnvironmentSpec:
     return _load_environment(directory, files_signature(directory))
 
 
-@lru_cache(maxsize=32)
-def _load_environment(directory: Path, signature: tuple) -> EnvironmentSpec:
+def load_database(directory: Path | str) -> tuple[dict, tuple[TableSpec, ...], dict[str, tuple[dict, ...]]]:
+    """`environment.yaml`'s fields, its tables and their validated rows with
+    every reference resolved; runs no code from the directory."""
+    directory = Path(directory)
     path = directory / "environment.yaml"
     raw = read_yaml(path)
     if not isinstance(raw, dict):
@@ -92,6 +94,12 @@ def _load_environment(directory: Path, signature: tuple) -> EnvironmentSpec:
     tables = tuple(_table(path, name, body) for name, body in raw["tables"].items())
     rows = {t.name: _rows(directory / "rows" / f"{t.name}.json", t) for t in tables}
     _check_references(directory, tables, rows)
+    return raw, tables, rows
+
+
+@lru_cache(maxsize=32)
+def _load_environment(directory: Path, signature: tuple) -> EnvironmentSpec:
+    raw, tables, rows = load_database(directory)
     tools_path = directory / "tools.py"
     if not tools_path.is_file():
         raise SpecError(tools_path, "(file)", "a Python module of tool functions; it does not exist")

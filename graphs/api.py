@@ -34,6 +34,8 @@ SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
                                             "ModificationSpec", "ComponentChoice", "LineageEntry")
 ] + [("state.evolution", name) for name in ("ProposalTarget", "Review", "ProposalOutcome")
 ] + [("state.records", name) for name in ("Mutation", "StateOp", "ToolPatch", "Scope", "Evidence")
+] + [("state.construction", name) for name in ("Decision", "SolverAttempt", "TaskDraft")
+] + [("state.records", name) for name in ("ToolInfo", "AnswerCheck", "StateCheck", "CallPattern")
 ] + [("state.context", "EpisodeRequest"), ("graphs.metrics", "Metrics"), ("graphs.fdcr", "Turn")])
 
 
@@ -231,3 +233,23 @@ async def run_coevolution(
                "candidates": candidates, "mode": mode, "channel": channel, "review_rounds": review_rounds, "rule": rule}
     return run_id, await _run_checkpointed(coevolution.builder, "coevolution", run_id, payload, context, 20 + 10 * rounds,
                                            on_event, db="coevolution.db")
+
+
+async def build_environment(
+    theme: str,
+    out: str,
+    context: Context,
+    *,
+    tasks: int = 3,
+    max_attempts: int = 3,
+    max_turns: int = 12,
+    run_id: str | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+) -> tuple[str, dict]:
+    """Builds (or resumes building) an environment and its validated tasks from a theme into the
+    directory `out`; the run id and its final state (status, env_id, kept, decisions)."""
+    from graphs import construct
+
+    run_id = run_id or new_run_id()
+    payload = {"theme": theme, "out": out, "tasks": tasks, "max_attempts": max_attempts, "max_turns": max_turns}
+    return run_id, await _run_checkpointed(construct.builder, "construct", run_id, payload, context, 20 + 4 * max_attempts, on_event)

@@ -204,6 +204,50 @@ def envs_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def envs_build(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if not args.run_id and out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out}: not empty; give a new or empty directory (or --run-id to resume)")
+    context = Context(builder_model=args.builder_model or args.model, task_model=args.task_model or args.model,
+                      solver_model=args.solver_model or args.model, ledger=args.ledger)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task("environment_builder")
+
+        def on_event(node: str, value: dict) -> None:
+            for d in value.get("decisions", []):
+                mark = "[green]accepted[/]" if d.accepted else "[yellow]rejected[/]"
+                console.print(f"{mark} {d.step} {escape(d.subject)} (attempt {d.attempt}): {escape('; '.join(d.reasons))[:400]}")
+            progress.update(bar, description=f"{node} done")
+
+        run_id, final = asyncio.run(api.build_environment(
+            args.theme, str(out.resolve()), context, tasks=args.tasks, max_attempts=args.max_attempts,
+            max_turns=args.max_turns, run_id=args.run_id, on_event=on_event))
+    result = {"run_id": run_id, "out": str(out), "status": final.get("status"), "environment": final.get("env_id"),
+              "kept": final.get("kept", []), "log": str(out / "construction.json")}
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        console.print(f"{result['status']}: {result['environment']} in {out}, {len(result['kept'])} validated task(s); "
+                      f"every decision in {result['log']}")
+    return 0 if result["status"] == "built" and result["kept"] else 1
+
+
+def add_envs_build(envs: argparse._SubParsersAction) -> None:
+    build = envs.add_parser("build", help="build an environment and validated tasks from a theme; exit 1 if none is kept")
+    build.add_argument("--theme", required=True, help="what the environment is about, in a few words")
+    build.add_argument("--out", required=True, help="a new or empty directory for the environment")
+    build.add_argument("--model", default="local", help="local | openai:<model> | scripted:<name>")
+    build.add_argument("--builder-model", help="environment builder and tool coder (default: --model)")
+    build.add_argument("--task-model", help="task proposer (default: --model)")
+    build.add_argument("--solver-model", help="the independent solver (default: --model)")
+    build.add_argument("--tasks", type=int, default=3, help="tasks to propose")
+    build.add_argument("--max-attempts", type=int, default=3, help="drafts of the database, and of the tools, at most")
+    build.add_argument("--max-turns", type=int, default=12, help="solver turns per task")
+    build.add_argument("--run-id", help="resume this build")
+    build.add_argument("--json", action="store_true")
+    build.set_defaults(run=envs_build)
+
+
 def run_eval(args: argparse.Namespace) -> int:
     catalog = args.catalog
     recorded = api.recorded_run(args.run_id, Context(ledger=args.ledger)) if args.run_id else None
@@ -597,6 +641,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("pair")
     serve.add_argument("--side", choices=["act", "abstain"], required=True)
     serve.set_defaults(run=envs_serve)
+    add_envs_build(envs)
     ev = top.add_parser("eval", help="run a harness on both sides of pairs and score it")
     ev.add_argument("--harness", help="bundle name or directory (default H0)")
     ev.add_argument("--split", default="bench", choices=["train", "validation", "bench"])

@@ -15,6 +15,9 @@ class Context:
     optimizer_model: str = "local"  # the coding agent that edits harness candidates
     proposer_model: str = "local"  # environment designer and mutation proposers
     reviewer_model: str = "local"  # semantic and rescue reviewers
+    builder_model: str = "local"  # environment builder and tool coder (construction from a theme)
+    task_model: str = "local"  # task proposer
+    solver_model: str = "local"  # the independent solver of proposed tasks
     catalog: str = ""
     ledger: str | None = None
     max_infra_retries: int = 2

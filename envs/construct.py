@@ -1,0 +1,382 @@
+"""The deterministic parts of building an environment from a theme (HERA §3.1,
+App. B.1–B.2): write a model's database and tools module as an environment
+directory, check the tools against the database, pre-check proposed tasks,
+and test a task's verifier on a replay and on perturbed outcomes.
+
+`tool_problems` and `check_task` run the directory's tool code: call them
+only inside the sandbox (`harness.tool_sandbox`). Everything else reads
+files and records and runs no generated code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, best_match
+
+from envs.answers import cut, spans, states
+from envs.certify import perturbations, replay
+from envs.match import ANY
+from envs.runtime import EnvInstance, diff_rows, initial_rows
+from envs.spec import SpecError, Tool, load_database, load_environment, load_tools
+from envs.verify import Outcome, verify
+from state.construction import DatabaseDraft, TaskCheck, TaskDraft, ToolDeclaration, ToolsDraft
+from state.records import AnswerCheck, EnvironmentSpec, ReferenceSolution, RowChange, TableSpec, TaskSpec, ToolCall, ToolInfo
+
+DECLARATIONS = "tools.checks.json"
+PUBLIC_FILES = ("environment.yaml", "rows", "tools.py", "policy.md")
+CALL_TIMEOUT_S = 5.0
+MIN_CHECKS = 2
+_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+_GIVEAWAYS = ("infeasible", "abstain", "impossible")
+
+
+def database_problems(draft: DatabaseDraft) -> list[str]:
+    """What is wrong with a drafted database before any file is written: names
+    (they become file names and SQL identifiers), duplicates, empty tables."""
+    problems = []
+    if not _ID.fullmatch(draft.id):
+        problems.append(f"id: a kebab-case id like 'city-library' (got {draft.id!r})")
+    if not draft.tables:
+        problems.append("tables: at least one table")
+    seen: set[str] = set()
+    for table in draft.tables:
+        if not _NAME.fullmatch(table.name):
+            problems.append(f"tables.{table.name}: a lower_snake_case name")
+        if table.name in seen:
+            problems.append(f"tables.{table.name}: declared twice")
+        seen.add(table.name)
+        names = [c.name for c in table.columns]
+        for name in names:
+            if not _NAME.fullmatch(name):
+                problems.append(f"tables.{table.name}.columns.{name}: a lower_snake_case name")
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            problems.append(f"tables.{table.name}.columns.{name}: declared twice")
+    if draft.tables and not any(t.rows for t in draft.tables):
+        problems.append("tables: every table is empty; give the main tables their rows")
+    return problems
+
+
+def _column(c) -> str:
+    return f"{c.type}{'?' if c.nullable else ''}" + (f" -> {c.references}" if c.references else "")
+
+
+def write_database(draft: DatabaseDraft, directory: Path, theme: str) -> list[str]:
+    """Writes `environment.yaml`, `rows/` and `policy.md` for the draft and
+    loads them back with the spec loader (types, primary keys, references);
+    the problems found, empty when the database is valid."""
+    problems = database_problems(draft)
+    if problems:
+        return problems
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(directory / "rows", ignore_errors=True)
+    (directory / "rows").mkdir()
+    spec = {"id": draft.id, "theme": theme, "description": draft.description,
+            "tables": {t.name: {"primary_key": t.primary_key, "columns": {c.name: _column(c) for c in t.columns}} for t in draft.tables}}
+    (directory / "environment.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
+    for table in draft.tables:
+        (directory / "rows" / f"{table.name}.json").write_text(json.dumps(table.rows, indent=1, ensure_ascii=False))
+    policy = directory / "policy.md"
+    policy.unlink(missing_ok=True)
+    if draft.policy.strip():
+        policy.write_text(draft.policy.strip() + "\n")
+    try:
+        load_database(directory)
+    except SpecError as exc:
+        return [str(exc).replace(f"{directory}/", "")]
+    return []
+
+
+def describe_database(directory: Path, rows_shown: int = 5) -> str:
+    """The database as a prompt shows it: description, tables with typed
+    columns and references, a few rows each."""
+    raw, tables, rows = load_database(directory)
+    lines = [f"Environment: {str(raw['description']).strip()}", "", "Tables:"]
+    for t in tables:
+        columns = ", ".join(f"{c.name}: {c.type}{'?' if c.nullable else ''}" + (f" -> {c.references}" if c.references else "")
+                            for c in t.columns)
+        lines.append(f"- {t.name} (primary key {t.primary_key}; {len(rows[t.name])} rows): {columns}")
+        lines += [f"    {json.dumps(r, ensure_ascii=False)}" for r in rows[t.name][:rows_shown]]
+    policy = directory / "policy.md"
+    if policy.is_file():
+        lines += ["", "Policy:", policy.read_text().strip()]
+    return "\n".join(lines)
+
+
+def write_tools_module(draft: ToolsDraft, directory: Path) -> None:
+    """Writes `tools.py` and the tools' declarations next to it."""
+    (directory / "tools.py").write_text(draft.code.rstrip() + "\n")
+    (directory / DECLARATIONS).write_text(json.dumps([d.model_dump(mode="json") for d in draft.tools], indent=1))
+
+
+def stage_public(directory: Path, workdir: Path) -> Path:
+    """A copy of the environment's public files (no tasks, no construction log) under `workdir`."""
+    copy = workdir / "env"
+    copy.mkdir()
+    for name in PUBLIC_FILES:
+        source = directory / name
+        if source.is_dir():
+            shutil.copytree(source, copy / name)
+        elif source.is_file():
+            shutil.copy(source, copy / name)
+    declarations = directory / DECLARATIONS
+    if declarations.is_file():
+        shutil.copy(declarations, copy / DECLARATIONS)
+    return copy
+
+
+class CallTimeout(BaseException):
+    """A tool call ran past CALL_TIMEOUT_S. A BaseException, so the runtime's
+    guard cannot mistake it for the tool's own failure."""
+
+
+@dataclass(frozen=True)
+class CallRun:
+    """One call on a fresh instance: its observation (None when the call escaped
+    the runtime), the escaping exception, and what it left changed."""
+
+    observation: Any
+    escaped: str
+    changes: tuple[RowChange, ...]
+
+
+def _timeout(signum, frame):
+    raise CallTimeout(f"did not finish within {CALL_TIMEOUT_S:g}s")
+
+
+def run_call(env: EnvironmentSpec, name: str, args: dict[str, Any]) -> CallRun:
+    """Runs one tool call on a fresh instance and compares the state before and after."""
+    instance = EnvInstance(env)
+    timed = threading.current_thread() is threading.main_thread()
+    try:
+        before = instance.rows()
+        if timed:
+            previous = signal.signal(signal.SIGALRM, _timeout)
+            signal.setitimer(signal.ITIMER_REAL, CALL_TIMEOUT_S)
+        try:
+            observation, escaped = instance.call(name, args), ""
+        except BaseException as exc:  # whatever gets past the runtime's guard is what this check reports
+            observation, escaped = None, f"{type(exc).__name__}: {exc}"
+        finally:
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+        return CallRun(observation, escaped, diff_rows(env, before, instance.rows()).changes)
+    finally:
+        instance.close()
+
+
+def _shown(changes: tuple[RowChange, ...]) -> str:
+    return ", ".join(f"{c.table}[{c.key}]" for c in changes)
+
+
+def tool_problems(directory: Path | str) -> tuple[list[str], list[ToolInfo]]:
+    """Loads the environment and runs every declared call of every tool (run it
+    only in the sandbox); the problems found and the tools' public faces."""
+    directory = Path(directory)
+    try:
+        env = load_environment(directory)
+    except SpecError as exc:
+        return [str(exc).replace(f"{directory}/", "")], []
+    tools = load_tools(env)
+    try:
+        declared = [ToolDeclaration.model_validate(d) for d in json.loads((directory / DECLARATIONS).read_text())]
+    except (OSError, ValueError) as exc:  # a pydantic ValidationError is a ValueError
+        return [f"tool declarations: {exc}"], []
+    by_name = {d.name: d for d in declared}
+    problems = [f"{n}: defined in tools.py but not declared" for n in sorted(tools.keys() - by_name.keys())]
+    problems += [f"{n}: declared, but tools.py has no function {n} decorated with @read_tool or @write_tool"
+                 for n in sorted(by_name.keys() - tools.keys())]
+    for name, tool in tools.items():
+        if name in by_name:
+            problems += _declared_problems(env, tool, by_name[name])
+    return problems, [t.info for t in tools.values()]
+
+
+def _declared_problems(env: EnvironmentSpec, tool: Tool, decl: ToolDeclaration) -> list[str]:
+    name, out = tool.name, []
+    if decl.read_only != tool.read_only:
+        out.append(f"{name}: declared {'read-only' if decl.read_only else 'state-changing'} but decorated with "
+                   f"@{'read' if tool.read_only else 'write'}_tool")
+    validator = None
+    if not decl.returns:
+        out.append(f"{name}: `returns` is empty; declare the result's type and fields")
+    else:
+        try:
+            Draft202012Validator.check_schema(decl.returns)
+            validator = Draft202012Validator(decl.returns)
+        except SchemaError as exc:
+            out.append(f"{name}: `returns` is not a JSON Schema: {exc.message}")
+    if not decl.valid:
+        out.append(f"{name}: no valid call declared")
+    if tool.params.model_fields and not decl.invalid:
+        out.append(f"{name}: no invalid call declared")
+    tables = {t.name for t in env.tables}
+    out += [f"{name}: `changes` names {t!r}, which is not a table" for t in decl.changes if t not in tables]
+    if decl.read_only and decl.changes:
+        out.append(f"{name}: a read-only tool cannot change {sorted(decl.changes)}")
+    for args in decl.valid:
+        run = run_call(env, name, args)
+        call, obs = f"{name}({json.dumps(args, ensure_ascii=False)})", run.observation
+        if run.escaped or not obs.ok:
+            out += _failure_problems(call, run)
+            if obs is not None and obs.error_code != "internal_error":
+                out.append(f"{call}: declared valid but refused with {obs.error_code}: {obs.message}")
+            continue
+        if validator is not None and (error := best_match(validator.iter_errors(obs.output))) is not None:
+            at = "/".join(map(str, error.absolute_path)) or "the result"
+            out.append(f"{call}: the result does not match `returns` at {at}: {error.message}")
+        changed = {c.table for c in run.changes}
+        if tool.read_only and run.changes:
+            out.append(f"{call}: a read-only tool changed the state: {_shown(run.changes)}")
+        elif not tool.read_only and changed != set(decl.changes):
+            out.append(f"{call}: changed {sorted(changed) or 'nothing'}, declared {sorted(decl.changes) or 'nothing'}")
+    for bad in decl.invalid:
+        run = run_call(env, name, bad.args)
+        call, obs = f"{name}({json.dumps(bad.args, ensure_ascii=False)})", run.observation
+        if obs is not None and obs.ok:
+            out.append(f"{call}: declared invalid ({bad.error_code}) but succeeded")
+            continue
+        out += _failure_problems(call, run)
+        if obs is not None and obs.error_code not in ("internal_error", bad.error_code):
+            out.append(f"{call}: refused with {obs.error_code}, declared {bad.error_code}: {obs.message}")
+    return out
+
+
+def _failure_problems(call: str, run: CallRun) -> list[str]:
+    """A failed call must have failed cleanly: refused, not crashed, nothing written."""
+    out = []
+    if run.escaped:
+        out.append(f"{call}: escaped the runtime with {run.escaped}")
+    elif run.observation.error_code == "internal_error":
+        out.append(f"{call}: crashed: {run.observation.message}")
+    if run.changes:
+        out.append(f"{call}: a failed call left a partial write: {_shown(run.changes)}")
+    return out
+
+
+def task_problems(draft: TaskDraft, tables: tuple[TableSpec, ...], tools: list[ToolInfo]) -> list[str]:
+    """What makes a proposed task unusable before anyone solves it: rules naming
+    tables, columns or tools that do not exist, too few checks, an instruction
+    that gives an answer away."""
+    where, out = f"task {draft.id}", []
+    if not _ID.fullmatch(draft.id):
+        out.append(f"{where}: id must be kebab-case")
+    by_name = {t.name: t for t in tables}
+    for i, check in enumerate(draft.state):
+        table = by_name.get(check.table)
+        if table is None:
+            out.append(f"{where}: state.{i}.table {check.table!r} is not a table ({sorted(by_name)})")
+            continue
+        if not check.match:
+            out.append(f"{where}: state.{i}.match is empty")
+        out += [f"{where}: state.{i}.match.{col} is not a column of {table.name}" for col in check.match if table.column(col) is None]
+    out += [f"{where}: allowed_writes names {t!r}, not a table" for t in draft.allowed_writes or () if t not in by_name]
+    names = {t.name for t in tools}
+    out += [f"{where}: forbidden names {p.tool!r}, not a tool" for p in draft.forbidden if p.tool not in names]
+    if draft.state and all(t.read_only for t in tools):
+        out.append(f"{where}: has state checks but the environment has no state-changing tool")
+    for i, check in enumerate(draft.answer):
+        if check.value is None and not check.any_of:
+            out.append(f"{where}: answer.{i} ({check.name}) has no value or any_of")
+        elif check.value not in (None, ANY) and states(draft.instruction, AnswerCheck(name=check.name, value=check.value, tolerance=check.tolerance)):
+            out.append(f"{where}: the instruction states the answer value {check.name}={check.value!r}")
+    if len(draft.answer) + len(draft.state) < MIN_CHECKS:
+        out.append(f"{where}: {len(draft.answer) + len(draft.state)} check(s); at least {MIN_CHECKS} answer or state checks")
+    out += [f"{where}: the instruction says {w!r}" for w in _GIVEAWAYS if w in draft.instruction.casefold()]
+    return out
+
+
+def task_spec(draft: TaskDraft, calls: tuple[ToolCall, ...] = (), answer: str = "") -> TaskSpec:
+    """The task in the pair file's `task` format, with a reference solution."""
+    return TaskSpec(id=draft.id, instruction=draft.instruction, answer=tuple(draft.answer), state=tuple(draft.state),
+                    allowed_writes=tuple(draft.allowed_writes) if draft.allowed_writes is not None else None,
+                    forbidden=tuple(draft.forbidden), forbidden_values=tuple(draft.forbidden_values),
+                    reference=ReferenceSolution(calls=calls, answer=answer))
+
+
+def task_perturbations(env: EnvironmentSpec, task: TaskSpec) -> list[tuple[str, Outcome]]:
+    """Certification's wrong and incomplete outcomes (a value dropped or off,
+    the writes left out, an empty answer), plus a text value swapped for
+    another record's and an extra change to a table the task may not write."""
+    cases = perturbations(env, task)
+    ref = task.reference
+    full = replay(env, ref.calls, ref.answer)
+    for check in task.answer:
+        found = spans(ref.answer, check)
+        other = _confusable(env, check) if isinstance(check.value, str) and check.value != ANY else None
+        if found and other is not None:
+            cases.append((f"answer with another {check.name} ({other})", _with(full, answer=cut(ref.answer, found, other))))
+    allowed = set(task.allowed_writes if task.allowed_writes is not None else (c.table for c in task.state))
+    for table in env.tables:
+        if table.name not in allowed and full.final_rows.get(table.name):
+            cases.append((f"an extra change to {table.name}", _extra_change(env, full, table)))
+            break
+    return cases
+
+
+def _with(outcome: Outcome, **update: Any) -> Outcome:
+    return Outcome(**{"answer": outcome.answer, "calls": outcome.calls, "final_rows": outcome.final_rows, "diff": outcome.diff, **update})
+
+
+def _confusable(env: EnvironmentSpec, check: AnswerCheck) -> str | None:
+    """Another value of the column that holds the checked value: the answer a
+    solver gets when it picks the wrong record."""
+    for table in env.tables:
+        for col in (c.name for c in table.columns if c.type == "text"):
+            values = [r[col] for r in env.rows.get(table.name, ()) if isinstance(r[col], str)]
+            if not any(v.casefold() == str(check.value).casefold() for v in values):
+                continue
+            for v in values:
+                if not states(v, check) and re.search(r"\w", v):
+                    return v
+    return None
+
+
+def _extra_change(env: EnvironmentSpec, outcome: Outcome, table: TableSpec) -> Outcome:
+    """The outcome with one more row of `table` changed (or, for a table of keys only, deleted)."""
+    rows = {name: list(r) for name, r in outcome.final_rows.items()}
+    col = next((c for c in table.columns if c.name != table.primary_key), None)
+    if col is None:
+        rows[table.name] = rows[table.name][1:]
+    else:
+        row = dict(rows[table.name][0])
+        value = row[col.name]
+        if col.type == "boolean":
+            row[col.name] = not value
+        elif col.type in ("integer", "real"):
+            row[col.name] = (value or 0) + 1
+        else:
+            row[col.name] = f"{value or ''} (changed)"
+        rows[table.name][0] = row
+    return _with(outcome, final_rows=rows, diff=diff_rows(env, initial_rows(env), rows))
+
+
+def check_task(env: EnvironmentSpec, task: TaskSpec) -> TaskCheck:
+    """Replays the task's reference from the initial state and runs the
+    verifier on it and on every perturbed outcome (run it only in the sandbox)."""
+    outcome = replay(env, task.reference.calls, task.reference.answer)
+    failures = [f"call {i + 1} {o.tool} failed: {o.error_code}: {o.message}" for i, o in enumerate(outcome.calls) if not o.ok]
+    failures += verify(task, outcome).failures
+    cases = [(name, verify(task, perturbed)) for name, perturbed in task_perturbations(env, task)]
+    return TaskCheck(observations=tuple(outcome.calls), failures=tuple(failures),
+                     accepted_perturbations=tuple(name for name, v in cases if v.passed),
+                     rejected_perturbations=tuple(name for name, v in cases if not v.passed))
+
+
+def public_context(directory: Path) -> str:
+    """What a user of the environment is told: its description and policy (as an episode's context)."""
+    raw, _, _ = load_database(directory)
+    policy = directory / "policy.md"
+    parts = [str(raw["description"]).strip()] + (["Policy:\n" + policy.read_text().strip()] if policy.is_file() else [])
+    return "\n\n".join(parts)

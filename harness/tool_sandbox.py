@@ -1,0 +1,200 @@
+"""Generated environment tools, run only in the sandbox (`harness.sandbox`).
+
+A model-written `tools.py` is untrusted code, so this process never imports
+it: `check_tools` runs the tool checks, `SandboxedTools` serves the tools to
+one solver run and `check_task` replays a task and tests its verifier, each
+in a sandboxed child that gets a copy of the environment's public files only
+(`envs.construct.stage_public`: no tasks, no construction log). What the
+tools print goes to the child's stderr, never into the protocol.
+
+    python -m harness.tool_sandbox check DIR          one JSON line: {"problems", "tools"}
+    python -m harness.tool_sandbox verify DIR TASK    one JSON line: a TaskCheck
+    python -m harness.tool_sandbox serve DIR          {"tool", "args"} lines in, {"op", ...} lines out
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any, Self
+
+from envs.construct import check_task as run_task_check, stage_public, tool_problems
+from envs.runtime import EnvInstance
+from envs.spec import SpecError, load_environment
+from harness.remote import _Channel
+from harness.sandbox import kill, run_sandboxed, sandbox_command
+from state.construction import TaskCheck
+from state.records import Observation, TaskSpec, ToolInfo
+
+_LINE_LIMIT = 64 << 20
+
+
+class ToolSandboxError(RuntimeError):
+    """The sandboxed child crashed, timed out or broke the protocol."""
+
+
+def _run(directory: Path, args: list[str], timeout_s: float, files: dict[str, str] | None = None) -> dict:
+    with tempfile.TemporaryDirectory(prefix="hera-tools-") as tmp:
+        copy = stage_public(Path(directory), Path(tmp))
+        for name, text in (files or {}).items():
+            (Path(tmp) / name).write_text(text)
+        try:
+            done = run_sandboxed(["-m", "harness.tool_sandbox", args[0], str(copy), *args[1:]], timeout_s=timeout_s, cwd=Path(tmp))
+        except subprocess.TimeoutExpired:
+            raise ToolSandboxError(f"{directory}: did not finish within {timeout_s:g}s (an endless loop in tools.py?)") from None
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        tail = done.stderr.strip().replace(str(copy), str(directory))[-800:]
+        raise ToolSandboxError(f"{directory}: the sandboxed child crashed (exit {done.returncode}): {tail}") from None
+
+
+async def check_tools(directory: Path | str, timeout_s: float = 120) -> tuple[list[str], list[ToolInfo]]:
+    """The problems of an environment's tools and the tools' public faces,
+    found by running every declared call in the sandbox."""
+    try:
+        result = await asyncio.to_thread(_run, Path(directory), ["check"], timeout_s)
+    except ToolSandboxError as exc:
+        return [str(exc)], []
+    return list(result["problems"]), [ToolInfo.model_validate(t) for t in result["tools"]]
+
+
+async def check_task(directory: Path | str, task: TaskSpec, timeout_s: float = 120) -> TaskCheck:
+    """The task's reference replayed in the sandbox, with the verifier run on it and on perturbed outcomes."""
+    result = await asyncio.to_thread(_run, Path(directory), ["verify", "../task.json"], timeout_s,
+                                     {"task.json": task.model_dump_json()})
+    if "error" in result:
+        raise ToolSandboxError(f"{directory}: {result['error']}")
+    return TaskCheck.model_validate(result)
+
+
+class SandboxedTools:
+    """An environment's public tools served from one sandboxed child, with fresh state, for one run."""
+
+    def __init__(self, directory: Path | str, *, timeout_s: float = 30, cpu_s: int = 600, memory_mb: int = 1024):
+        self.directory, self.timeout_s, self.cpu_s, self.memory_mb = Path(directory), timeout_s, cpu_s, memory_mb
+        self.tools: list[ToolInfo] = []
+        self._proc: asyncio.subprocess.Process | None = None
+        self._workdir: Path | None = None
+        self._stderr = bytearray()
+        self._drain: asyncio.Task | None = None
+
+    async def __aenter__(self) -> Self:
+        self._workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-tools-"))
+        copy = await asyncio.to_thread(stage_public, self.directory, self._workdir)
+        argv, env = await asyncio.to_thread(sandbox_command, ["-m", "harness.tool_sandbox", "serve", str(copy)],
+                                            workdir=self._workdir, cpu_s=self.cpu_s, memory_mb=self.memory_mb)
+        self._proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=env, cwd=self._workdir, start_new_session=True, limit=_LINE_LIMIT)
+        weakref.finalize(self, kill, self._proc.pid)  # no child outlives a server never closed
+        self._drain = asyncio.create_task(self._keep_stderr(self._proc.stderr))
+        try:
+            ready = await self._receive()
+            if ready.get("op") != "ready":
+                raise ToolSandboxError(f"{self.directory}: the environment does not load in the sandbox: {ready.get('error', ready)}")
+            self.tools = [ToolInfo.model_validate(t) for t in ready["tools"]]
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def call(self, name: str, args: dict[str, Any]) -> Observation:
+        """One tool call; a call that crashes the child raises ToolSandboxError."""
+        try:
+            self._proc.stdin.write(json.dumps({"tool": name, "args": args}).encode() + b"\n")
+            await asyncio.wait_for(self._proc.stdin.drain(), self.timeout_s)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            raise ToolSandboxError(f"{name}: {await self._death()}") from None
+        reply = await self._receive(name)
+        if reply.get("op") != "observation":
+            raise ToolSandboxError(f"{name}({json.dumps(args)}): {reply.get('error', reply)}")
+        return Observation.model_validate(reply["value"])
+
+    async def aclose(self) -> None:
+        if self._proc is not None:
+            kill(self._proc.pid)
+            await self._proc.wait()
+            if self._drain is not None:
+                await asyncio.wait([self._drain], timeout=1)
+            self._proc = None
+        if self._workdir is not None:
+            await asyncio.to_thread(shutil.rmtree, self._workdir, True)
+            self._workdir = None
+
+    async def _keep_stderr(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(4096):
+            self._stderr = (self._stderr + chunk)[-4000:]
+
+    async def _receive(self, what: str = "start") -> dict:
+        try:
+            line = await asyncio.wait_for(self._proc.stdout.readline(), self.timeout_s)
+        except TimeoutError:
+            raise ToolSandboxError(f"{what}: did not finish within {self.timeout_s:g}s") from None
+        if not line:
+            raise ToolSandboxError(f"{what}: {await self._death()}")
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            reply = None
+        if not isinstance(reply, dict):
+            raise ToolSandboxError(f"{what}: the sandboxed child sent garbage: {line[:200]!r}")
+        return reply
+
+    async def _death(self) -> str:
+        try:
+            code = await asyncio.wait_for(self._proc.wait(), 5)
+        except TimeoutError:
+            code = None
+        if self._drain is not None:
+            await asyncio.wait([self._drain], timeout=1)
+        why = f"killed by signal {-code}" if code is not None and code < 0 else f"exited ({code})"
+        tail = self._stderr.decode(errors="replace").strip()
+        return f"the sandboxed tool server {why}" + (f": {tail[-1500:]}" if tail else "")
+
+
+def _serve(channel: _Channel, directory: str) -> None:
+    try:
+        instance = EnvInstance(load_environment(directory))
+    except SpecError as exc:
+        channel.send({"op": "error", "error": str(exc)})
+        return
+    channel.send({"op": "ready", "tools": [t.model_dump(mode="json") for t in instance.public_tools]})
+    while (request := channel.receive()) is not None:
+        try:
+            obs = instance.call(str(request["tool"]), dict(request.get("args") or {}))
+        except BaseException as exc:  # escaped the runtime's guard: report it, and stop serving a broken state
+            channel.send({"op": "error", "error": f"escaped the runtime with {type(exc).__name__}: {exc}"})
+            return
+        channel.send({"op": "observation", "value": obs.model_dump(mode="json")})
+
+
+def main(argv: list[str]) -> None:
+    channel = _Channel()
+    command, directory = argv[0], argv[1]
+    if command == "serve":
+        _serve(channel, directory)
+    elif command == "check":
+        problems, tools = tool_problems(directory)
+        channel.send({"problems": problems, "tools": [t.model_dump(mode="json") for t in tools]})
+    elif command == "verify":
+        task = TaskSpec.model_validate_json(Path(directory, argv[2]).read_text())
+        try:
+            env = load_environment(directory)
+        except SpecError as exc:
+            channel.send({"error": str(exc)})
+            return
+        channel.send(run_task_check(env, task).model_dump(mode="json"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,415 @@
+"""Construction from a theme with scripted models: the database and coding
+loops (bounded, with the problems sent back), tool validation in the sandbox,
+task proposal, the independent solver on public tools only, and the
+verifier's replay and perturbation test that decides which tasks are kept."""
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from langgraph.checkpoint.memory import InMemorySaver
+from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+
+from envs.construct import (check_task, public_context, run_call, stage_public, task_perturbations, task_problems, task_spec,
+                            write_database, write_tools_module)
+from envs.runtime import EnvInstance
+from envs.spec import load_database, load_environment, load_tools
+from graphs import cli
+from graphs.construct import builder
+from harness.tool_sandbox import check_tools
+from prompts import render
+from roles import scripted
+from state.construction import DatabaseDraft, TaskDraft, ToolsDraft
+from state.context import Context
+from state.records import ToolCall
+
+THEME = "a city library's books and loans"
+
+BRANCHES = {"name": "branches", "primary_key": "branch_id",
+            "columns": [{"name": "branch_id", "type": "text"}, {"name": "name", "type": "text"}],
+            "rows": [{"branch_id": "B1", "name": "Harbor Branch"}, {"branch_id": "B2", "name": "Hillcrest Branch"}]}
+BOOKS = {"name": "books", "primary_key": "book_id",
+         "columns": [{"name": "book_id", "type": "text"}, {"name": "title", "type": "text"},
+                     {"name": "branch_id", "type": "text", "references": "branches.branch_id"}, {"name": "copies", "type": "integer"}],
+         "rows": [{"book_id": "BK-1", "title": "The Tide Atlas", "branch_id": "B1", "copies": 2},
+                  {"book_id": "BK-2", "title": "Mountain Birds", "branch_id": "B2", "copies": 0},
+                  {"book_id": "BK-3", "title": "River Songs", "branch_id": "B1", "copies": 1}]}
+LOANS = {"name": "loans", "primary_key": "loan_id",
+         "columns": [{"name": "loan_id", "type": "text"}, {"name": "book_id", "type": "text", "references": "books.book_id"},
+                     {"name": "member", "type": "text"}],
+         "rows": []}
+LIBRARY = {"id": "city-library", "description": "Books and loans of the city library on 2026-03-02.",
+           "tables": [BRANCHES, BOOKS, LOANS]}
+DANGLING = {**LIBRARY, "tables": [BRANCHES, {**BOOKS, "rows": [{**BOOKS["rows"][0], "branch_id": "B9"}]}, LOANS]}
+
+HEADER = "from envs.toolkit import ToolError, find, one, read_tool, write_tool\n"
+LIST_BOOKS = '''
+@read_tool
+def list_books(db) -> list[dict]:
+    """Lists every book with its id, title and branch."""
+    return [{"book_id": b["book_id"], "title": b["title"], "branch_id": b["branch_id"]} for b in find(db, "books")]
+'''
+GET_BOOK = '''
+@read_tool
+def get_book(db, book_id: str) -> dict:
+    """Returns a book's title, branch and the copies on the shelf.
+
+    Args:
+        book_id: The book's id.
+    """
+    return one(db, "books", book_id=book_id)
+'''
+LEND_BOOK = '''
+@write_tool
+def lend_book(db, book_id: str, member: str) -> dict:
+    """Lends a copy of a book to a member.
+
+    Args:
+        book_id: The book's id.
+        member: The member's full name.
+    """
+    book = one(db, "books", book_id=book_id)
+    if book["copies"] < 1:
+        raise ToolError("no_copies", f"No copy of {book_id} is on the shelf.")
+    loan_id = f"L-{len(find(db, 'loans')) + 1}"
+    db["loans"].insert({"loan_id": loan_id, "book_id": book_id, "member": member})
+    db["books"].update(book_id, {"copies": book["copies"] - 1})
+    return {"loan_id": loan_id, "copies_left": book["copies"] - 1}
+'''
+GOOD_CODE = HEADER + LIST_BOOKS + GET_BOOK + LEND_BOOK
+
+BOOK_SCHEMA = {"type": "object", "required": ["book_id", "title", "copies"], "properties": {"copies": {"type": "integer"}}}
+DECLARED = [
+    {"name": "list_books", "read_only": True, "returns": {"type": "array", "items": {"type": "object", "required": ["book_id", "title"]}},
+     "valid": [{}]},
+    {"name": "get_book", "read_only": True, "returns": BOOK_SCHEMA, "valid": [{"book_id": "BK-1"}],
+     "invalid": [{"args": {"book_id": "BK-9"}, "error_code": "not_found"}]},
+    {"name": "lend_book", "read_only": False, "returns": {"type": "object", "required": ["loan_id", "copies_left"]},
+     "valid": [{"book_id": "BK-1", "member": "Ada Park"}], "changes": ["loans", "books"],
+     "invalid": [{"args": {"book_id": "BK-2", "member": "Ada Park"}, "error_code": "no_copies"},
+                 {"args": {"book_id": "BK-9", "member": "Ada Park"}, "error_code": "not_found"}]},
+]
+GOOD_TOOLS = {"code": GOOD_CODE, "tools": DECLARED}
+RAISING_TOOLS = {"code": GOOD_CODE.replace('return one(db, "books", book_id=book_id)', 'return one(db, "books", book_id=book_id)["copies"] / 0'),
+                 "tools": DECLARED}
+RAISING_PROBLEM = 'get_book({"book_id": "BK-1"}): crashed: get_book failed: ZeroDivisionError: division by zero'
+
+KEPT = {"id": "lend-tide-atlas", "instruction": "Lend a copy of The Tide Atlas to Ada Park and tell me how many copies are left on the shelf.",
+        "answer": [{"name": "copies_left", "value": 1}], "state": [{"table": "loans", "match": {"book_id": "BK-1", "member": "Ada Park"}}],
+        "allowed_writes": ["loans", "books"]}
+# Its state check holds before anything is done, so an outcome with the loan left out still passes.
+LOOSE = {"id": "lend-river-songs", "instruction": "Lend River Songs to Ben Ode and tell me how many copies remain.",
+         "answer": [{"name": "copies_left", "value": 0}], "state": [{"table": "books", "match": {"book_id": "BK-3"}}],
+         "allowed_writes": ["loans", "books"]}
+UNKNOWN_TABLE = {"id": "renew-loan", "instruction": "Renew my loan of Mountain Birds.",
+                 "answer": [{"name": "due", "value": "2026-03-16"}], "state": [{"table": "renewals", "match": {"book_id": "BK-2"}}]}
+
+
+def librarian(messages, tools):
+    """A solver policy: find the book the request names, lend it to the member, report the copies left."""
+    request = next(m.content for m in messages if isinstance(m, HumanMessage))
+    title, member = ("The Tide Atlas", "Ada Park") if "Tide Atlas" in request else ("River Songs", "Ben Ode")
+    results = [json.loads(m.content) for m in messages if isinstance(m, ToolMessage)]
+    if not results:
+        return {"tool_calls": [{"name": "list_books", "args": {}}]}
+    if len(results) == 1:
+        book = next(b for b in results[0] if b["title"] == title)
+        return {"tool_calls": [{"name": "lend_book", "args": {"book_id": book["book_id"], "member": member}}]}
+    return f"Lent {title} to {member}; {results[1]['copies_left']} copies are left on the shelf."
+
+
+@pytest.fixture
+def context(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+    scripted.clear()
+    yield Context(builder_model="scripted:builder", task_model="scripted:proposer", solver_model="scripted:solver",
+                  ledger=str(tmp_path / "ledger.db"))
+    scripted.clear()
+
+
+def build(context, out, **kw):
+    payload = {"theme": THEME, "out": str(out), "tasks": 3, "max_attempts": 2, "max_turns": 6, **kw}
+    checkpointed = builder.compile(checkpointer=InMemorySaver(), name="construct")
+    return asyncio.run(checkpointed.ainvoke(payload, {"configurable": {"thread_id": "t"}}, context=context))
+
+
+def decisions(final):
+    return [(d.step, d.subject, d.attempt, d.accepted) for d in final["decisions"]]
+
+
+def written(out: Path, tools: dict) -> Path:
+    assert write_database(DatabaseDraft.model_validate(LIBRARY), out, THEME) == []
+    write_tools_module(ToolsDraft.model_validate(tools), out)
+    return out
+
+
+def test_environment_built_from_a_theme_loads_and_keeps_only_validated_tasks(context, tmp_path):
+    out = tmp_path / "library"
+    scripted.register("builder", [DANGLING, LIBRARY, RAISING_TOOLS, GOOD_TOOLS])
+    scripted.register("proposer", [{"tasks": [KEPT, LOOSE, UNKNOWN_TABLE]}])
+    scripted.register("solver", [librarian] * 6)
+    final = build(context, out)
+    scripted.assert_consumed()
+
+    assert final["status"] == "built" and final["kept"] == ["lend-tide-atlas"]
+    assert decisions(final) == [
+        ("database", "city-library", 1, False), ("database", "city-library", 2, True),
+        ("tools", "city-library", 1, False), ("tools", "city-library", 2, True),
+        ("task_proposal", "lend-tide-atlas", 1, True), ("task_proposal", "lend-river-songs", 1, True),
+        ("task_proposal", "renew-loan", 1, False),
+        ("solver", "lend-tide-atlas", 1, True), ("verification", "lend-tide-atlas", 1, True),
+        ("solver", "lend-river-songs", 1, True), ("verification", "lend-river-songs", 1, False),
+    ]
+    reasons = {(d.step, d.subject, d.attempt): d.reasons for d in final["decisions"]}
+    assert reasons["database", "city-library", 1] == ("rows/books.json: [0].branch_id: a value present in branches.branch_id (got 'B9')",)
+    assert reasons["tools", "city-library", 1] == (RAISING_PROBLEM,)
+    assert reasons["task_proposal", "renew-loan", 1] == ("task renew-loan: state.0.table 'renewals' is not a table (['books', 'branches', 'loans'])",)
+    assert reasons["verification", "lend-river-songs", 1] == ("the verifier accepts a perturbed outcome: writes left out",)
+    assert reasons["verification", "lend-tide-atlas", 1] == (
+        ("replayed 2 calls; the verifier accepts the outcome and rejects 5 perturbed ones: answer without copies_left; "
+         "answer with wrong copies_left; writes left out; empty answer, no writes; an extra change to branches"),)
+
+    # the retries were given the problems of the previous draft
+    builder_prompts = [c.messages[0].content for c in scripted.calls("builder")]
+    assert "- rows/books.json: [0].branch_id: a value present in branches.branch_id (got 'B9')" in builder_prompts[1]
+    assert f"- {RAISING_PROBLEM}" in builder_prompts[3] and "/ 0" in builder_prompts[3]
+
+    env = load_environment(out)
+    assert (env.id, env.theme, [t.name for t in env.tables]) == ("city-library", THEME, ["branches", "books", "loans"])
+    assert sorted(load_tools(env)) == ["get_book", "lend_book", "list_books"]
+    assert [r["title"] for r in env.rows["books"]] == ["The Tide Atlas", "Mountain Birds", "River Songs"]
+    assert sorted(p.name for p in (out / "tasks").iterdir()) == ["lend-tide-atlas.yaml"]
+    task = yaml.safe_load((out / "tasks" / "lend-tide-atlas.yaml").read_text())
+    assert task["reference"] == {"calls": [{"tool": "list_books"}, {"tool": "lend_book", "args": {"book_id": "BK-1", "member": "Ada Park"}}],
+                                 "answer": "Lent The Tide Atlas to Ada Park; 1 copies are left on the shelf."}
+    assert task["answer"] == [{"name": "copies_left", "value": 1}] and task["allowed_writes"] == ["loans", "books"]
+    log = json.loads((out / "construction.json").read_text())
+    assert log["status"] == "built" and log["kept"] == ["lend-tide-atlas"] and log["environment"] == "city-library"
+    assert [(d["step"], d["subject"], d["accepted"]) for d in log["decisions"]] == [(s, n, a) for s, n, _, a in decisions(final)]
+    assert sorted({u["role"] for u in log["usage"]}) == ["environment_builder", "solver", "task_proposer", "tool_coder"]
+
+
+def test_the_solver_sees_only_the_instruction_the_public_context_and_the_public_tools(context, tmp_path):
+    out = tmp_path / "library"
+    scripted.register("builder", [LIBRARY, GOOD_TOOLS])
+    scripted.register("proposer", [{"tasks": [KEPT]}])
+    scripted.register("solver", [librarian] * 3)
+    assert build(context, out)["kept"] == ["lend-tide-atlas"]
+    scripted.assert_consumed()
+    calls = scripted.calls("solver")
+    assert calls[0].messages == [SystemMessage(render("solver", context="Books and loans of the city library on 2026-03-02.")),
+                                 HumanMessage(KEPT["instruction"])]
+    public = EnvInstance(load_environment(out)).public_tools
+    assert [t.name for t in public] == ["list_books", "get_book", "lend_book"] and all(c.tools == public for c in calls)
+    seen = "\n".join(str(m.content) for c in calls for m in c.messages)
+    for private in ("Harbor Branch", "Hillcrest Branch", "allowed_writes", "match"):
+        assert private not in seen  # no row the tools did not return, no verification rule
+    assert public_context(out) == "Books and loans of the city library on 2026-03-02."
+    assert sorted(p.name for p in out.iterdir()) == ["construction.json", "environment.yaml", "rows", "tasks", "tools.checks.json", "tools.py"]
+    (tmp_path / "stage").mkdir()
+    staged = stage_public(out, tmp_path / "stage")  # what a sandboxed tool server gets: no tasks, no log
+    assert sorted(p.name for p in staged.iterdir()) == ["environment.yaml", "rows", "tools.checks.json", "tools.py"]
+
+
+def test_the_coding_loop_is_bounded_and_the_environment_rejected(context, tmp_path):
+    out = tmp_path / "library"
+    scripted.register("builder", [LIBRARY, RAISING_TOOLS, RAISING_TOOLS])
+    final = build(context, out, max_attempts=2)
+    scripted.assert_consumed()  # no third draft, and no task proposer was asked
+    assert final["status"] == "rejected" and final.get("kept", []) == []
+    assert decisions(final) == [("database", "city-library", 1, True), ("tools", "city-library", 1, False), ("tools", "city-library", 2, False)]
+    assert json.loads((out / "construction.json").read_text())["status"] == "rejected"
+    assert not (out / "tasks").exists()
+
+
+def test_the_database_loop_is_bounded(context, tmp_path):
+    scripted.register("builder", [DANGLING, {**LIBRARY, "id": "City Library"}])
+    final = build(context, tmp_path / "library", max_attempts=2)
+    scripted.assert_consumed()
+    assert decisions(final) == [("database", "city-library", 1, False), ("database", "City Library", 2, False)]
+    assert final["decisions"][1].reasons == ("id: a kebab-case id like 'city-library' (got 'City Library')",)
+    assert final["status"] == "rejected"
+
+
+BROKEN = HEADER + LIST_BOOKS + '''
+@read_tool
+def get_book(db, book_id: str) -> dict:
+    """Returns a book.
+
+    Args:
+        book_id: The book's id.
+    """
+    return one(db, "books", book_id=book_id)["copies"] / 0
+
+
+@read_tool
+def touch_book(db, book_id: str) -> dict:
+    """A read tool that switches the read-only guard off and writes.
+
+    Args:
+        book_id: The book's id.
+    """
+    db.execute("PRAGMA query_only = 0")
+    db["books"].update(book_id, {"copies": 0})
+    return one(db, "books", book_id=book_id)
+
+
+@read_tool
+def count_books(db, branch_id: str) -> dict:
+    """A read tool that writes plainly.
+
+    Args:
+        branch_id: The branch's id.
+    """
+    db["branches"].update(branch_id, {"name": "x"})
+    return {"count": len(find(db, "books", branch_id=branch_id))}
+
+
+@write_tool
+def lend_book(db, book_id: str, member: str) -> dict:
+    """Records the loan, then finds there is no copy and refuses.
+
+    Args:
+        book_id: The book's id.
+        member: The member's full name.
+    """
+    db["loans"].insert({"loan_id": "L-1", "book_id": book_id, "member": member})
+    if one(db, "books", book_id=book_id)["copies"] < 1:
+        raise ToolError("no_copies", "No copy is on the shelf.")
+    return {"loan_id": "L-1"}
+
+
+@write_tool
+def return_book(db, book_id: str) -> dict:
+    """Writes, then leaves through SystemExit, past the runtime's guard.
+
+    Args:
+        book_id: The book's id.
+    """
+    db["books"].update(book_id, {"copies": 5})
+    raise SystemExit("bye")
+
+
+@read_tool
+def wait_for_book(db, book_id: str) -> dict:
+    """Never returns.
+
+    Args:
+        book_id: The book's id.
+    """
+    while True:
+        pass
+
+
+@read_tool
+def find_title(db, title: str) -> dict:
+    """Declares a string result but returns a list, and accepts what it should refuse.
+
+    Args:
+        title: A title.
+    """
+    return [b["book_id"] for b in find(db, "books", title=title)]
+'''
+BROKEN_DECLARED = [
+    DECLARED[0], DECLARED[1],
+    {"name": "touch_book", "read_only": True, "returns": BOOK_SCHEMA, "valid": [{"book_id": "BK-1"}],
+     "invalid": [{"args": {"book_id": "BK-9"}, "error_code": "not_found"}]},
+    {"name": "count_books", "read_only": True, "returns": {"type": "object"}, "valid": [{"branch_id": "B1"}],
+     "invalid": [{"args": {"branch_id": "B9"}, "error_code": "not_found"}]},
+    {"name": "lend_book", "read_only": False, "returns": {"type": "object"}, "valid": [{"book_id": "BK-1", "member": "Ada Park"}],
+     "changes": ["loans"], "invalid": [{"args": {"book_id": "BK-2", "member": "Ada Park"}, "error_code": "no_copies"}]},
+    {"name": "return_book", "read_only": False, "returns": {"type": "object"}, "valid": [], "changes": ["books"],
+     "invalid": [{"args": {"book_id": "BK-1"}, "error_code": "not_on_loan"}]},
+    {"name": "find_title", "read_only": True, "returns": {"type": "string"}, "valid": [{"title": "River Songs"}],
+     "invalid": [{"args": {"title": "No Such Book"}, "error_code": "not_found"}]},
+    {"name": "wait_for_book", "read_only": True, "returns": {"type": "object"}, "valid": [{"book_id": "BK-1"}],
+     "invalid": [{"args": {"book_id": "BK-9"}, "error_code": "not_found"}]},
+    {"name": "renew_loan", "read_only": False, "returns": {"type": "object"}, "valid": [{}]},
+]
+
+
+def test_tool_validation_in_the_sandbox_finds_each_defect(tmp_path):
+    out = written(tmp_path / "library", {"code": BROKEN, "tools": BROKEN_DECLARED})
+    problems, tools = asyncio.run(check_tools(out))
+    assert problems == [
+        "renew_loan: declared, but tools.py has no function renew_loan decorated with @read_tool or @write_tool",
+        RAISING_PROBLEM,
+        'touch_book({"book_id": "BK-1"}): a read-only tool changed the state: books[BK-1]',
+        'touch_book({"book_id": "BK-9"}): crashed: touch_book failed: NotFoundError: ',
+        'count_books({"branch_id": "B1"}): crashed: count_books failed: OperationalError: attempt to write a readonly database',
+        'count_books({"branch_id": "B9"}): crashed: count_books failed: NotFoundError: ',
+        "return_book: no valid call declared",
+        'return_book({"book_id": "BK-1"}): escaped the runtime with SystemExit: bye',
+        'return_book({"book_id": "BK-1"}): a failed call left a partial write: books[BK-1]',
+        'wait_for_book({"book_id": "BK-1"}): escaped the runtime with CallTimeout: did not finish within 5s',
+        'wait_for_book({"book_id": "BK-9"}): escaped the runtime with CallTimeout: did not finish within 5s',
+        'find_title({"title": "River Songs"}): the result does not match `returns` at the result: [\'BK-3\'] is not of type \'string\'',
+        'find_title({"title": "No Such Book"}): declared invalid (not_found) but succeeded',
+    ]
+    # lend_book writes before it refuses: the runtime rolls the partial write back, so the check passes it
+    assert [t.name for t in tools] == ["list_books", "get_book", "touch_book", "count_books", "lend_book", "return_book",
+                                       "wait_for_book", "find_title"]
+
+
+def test_a_refused_write_is_rolled_back_by_the_runtime(tmp_path):
+    out = written(tmp_path / "library", {"code": BROKEN, "tools": BROKEN_DECLARED})
+    env = load_environment(out)  # the test's own code, trusted here
+    refused = run_call(env, "lend_book", {"book_id": "BK-2", "member": "Ada Park"})
+    assert (refused.observation.ok, refused.observation.error_code, refused.escaped, refused.changes) == (False, "no_copies", "", ())
+    lent = run_call(env, "lend_book", {"book_id": "BK-1", "member": "Ada Park"})
+    assert lent.observation.ok and [(c.table, c.key) for c in lent.changes] == [("loans", "L-1")]
+    escaped = run_call(env, "return_book", {"book_id": "BK-3"})
+    assert escaped.observation is None and escaped.escaped == "SystemExit: bye"
+    assert [(c.table, c.key, c.before["copies"], c.after["copies"]) for c in escaped.changes] == [("books", "BK-3", 1, 5)]
+
+
+def test_cli_builds_an_environment(context, tmp_path, capsys):
+    out = tmp_path / "built"
+    scripted.register("maker", [LIBRARY, GOOD_TOOLS, {"tasks": [KEPT]}])
+    scripted.register("solver", [librarian] * 3)
+    code = cli.main(["--ledger", context.ledger, "envs", "build", "--theme", THEME, "--model", "scripted:maker",
+                     "--solver-model", "scripted:solver", "--out", str(out), "--tasks", "1", "--json"])
+    scripted.assert_consumed()
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert (result["status"], result["environment"], result["kept"]) == ("built", "city-library", ["lend-tide-atlas"])
+    assert load_environment(out).id == "city-library"
+    assert cli.main(["envs", "build", "--theme", THEME, "--out", str(out)]) == 2  # not empty: refused before any model runs
+
+
+def test_task_pre_checks_name_each_problem(tmp_path):
+    out = written(tmp_path / "library", GOOD_TOOLS)
+    _, tables, _ = load_database(out)
+    tools = EnvInstance(load_environment(out)).public_tools
+    draft = TaskDraft.model_validate({
+        "id": "Tide", "instruction": "Lend The Tide Atlas to Ada Park; there should be 1 copy left. It may be impossible.",
+        "answer": [{"name": "copies_left", "value": 1}, {"name": "title"}],
+        "state": [{"table": "loans", "match": {"book": "BK-1"}}], "allowed_writes": ["loans", "members"],
+        "forbidden": [{"tool": "delete_loan"}]})
+    assert task_problems(draft, tables, tools) == [
+        "task Tide: id must be kebab-case",
+        "task Tide: state.0.match.book is not a column of loans",
+        "task Tide: allowed_writes names 'members', not a table",
+        "task Tide: forbidden names 'delete_loan', not a tool",
+        "task Tide: the instruction states the answer value copies_left=1",
+        "task Tide: answer.1 (title) has no value or any_of",
+        "task Tide: the instruction says 'impossible'",
+    ]
+    assert task_problems(TaskDraft.model_validate(KEPT), tables, tools) == []
+
+
+def test_perturbations_swap_a_text_value_for_another_records_and_change_an_unwritten_table(tmp_path):
+    env = load_environment(written(tmp_path / "library", GOOD_TOOLS))
+    task = task_spec(TaskDraft.model_validate({**KEPT, "answer": [{"name": "title", "value": "The Tide Atlas"}]}),
+                     (ToolCall(tool="lend_book", args={"book_id": "BK-1", "member": "Ada Park"}),), "Lent The Tide Atlas to Ada Park.")
+    cases = dict(task_perturbations(env, task))
+    assert list(cases) == ["answer without title", "writes left out", "empty answer, no writes",
+                           "answer with another title (Mountain Birds)", "an extra change to branches"]
+    assert cases["answer with another title (Mountain Birds)"].answer == "Lent Mountain Birds to Ada Park."
+    extra = cases["an extra change to branches"].diff.changes
+    assert [(c.table, c.key, c.after["name"]) for c in extra if c.table == "branches"] == [("branches", "B1", "Harbor Branch (changed)")]
+    check = check_task(env, task)
+    assert (check.failures, check.accepted_perturbations) == ((), ())
+    assert check.rejected_perturbations == tuple(cases)
