@@ -31,6 +31,7 @@ from envs.runtime import EnvInstance
 from envs.spec import SpecError
 from graphs import api
 from graphs.api import split_pairs
+from graphs.coevolution import CONFIGS, PRESETS
 from graphs.metrics import Metrics
 from graphs.report import build_report, funnel, score_cell, score_note, score_rows, transfer_report, write_report
 from harness.bundle import bundle_diff, load_bundle
@@ -616,6 +617,117 @@ def _add_report_parsers(top) -> None:
     tr.set_defaults(run=transfer)
 
 
+def _protocol(args: argparse.Namespace) -> tuple[dict, dict[str, list[str]]]:
+    """The preset's settings with the flags given on top, and its pairs per split."""
+    settings = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if k in PRESETS["paper"] and v is not None}}
+    pairs = {split: split_pairs(split, args.catalog)[: settings.pop(split)] for split in ("train", "validation", "bench")}
+    if not pairs["train"] or not pairs["validation"]:
+        raise UsageError("the catalog needs training and validation pairs")
+    return settings, pairs
+
+
+def _method(name: str, args: argparse.Namespace, settings: dict, pairs: dict[str, list[str]], context: Context,
+            progress: Progress) -> dict:
+    """Runs one compared method on the protocol; its run id, final harness and bench metrics."""
+    config = CONFIGS[name]
+    bar = progress.add_task(f"{name}: starting", total=None)
+    episodes = Counter()
+
+    def on_episode(event: dict) -> None:
+        episodes["done"] += 1
+        mark = "✓" if event["success"] else ("!" if event["status"] != "done" else "✗")
+        progress.update(bar, description=f"{name}: {stage[0]} · episode {episodes['done']}: {event['episode']}/{event['side']} {mark}")
+
+    stage = ["scoring" if "static" in config else "setup"]
+    run_id = f"{args.run_id}-{name}" if args.run_id and args.command == "compare" else args.run_id
+    nexts = {"setup": "diagnosing", "diagnose": "environment evolution", "evolve_envs": "harness evolution",
+             "evolve_harness": "recording the round", "record": "next round", "final": "done"}
+
+    def on_event(node: str, value: dict) -> None:
+        if node == "episode":
+            return on_episode(value)
+        stage[0] = nexts.get(node, node)
+        progress.update(bar, description=f"{name}: {stage[0]}")
+
+    if "static" in config:
+        run_id, metrics = asyncio.run(api.evaluate(config["static"], pairs["bench"] or pairs["validation"], context,
+                                                   run_id=run_id,
+                                                   on_episode=lambda r: on_episode(api.episode_event(r))))
+        result = {"run_id": run_id, "harness": config["static"], "bench": metrics.model_dump()}
+    else:
+        run_id, final = asyncio.run(api.run_coevolution(
+            "H0", context, **pairs, **settings, **{k: v for k, v in config.items() if k != "static"},
+            run_id=run_id, on_event=on_event))
+        bench = next((r["bench"] for r in final.get("results", []) if r["round"] == "bench"), None)
+        result = {"run_id": run_id, "harness": final.get("harness"), "bench": bench, "pool": final.get("pool", [])}
+    progress.update(bar, description=f"{name}: done ({result['run_id']})", total=1, completed=1)
+    return result
+
+
+def _method_context(args: argparse.Namespace) -> Context:
+    return Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
+                   optimizer_model=args.model, proposer_model=args.model, reviewer_model=args.model,
+                   catalog=args.catalog, ledger=args.ledger)
+
+
+def _progress() -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
+
+
+def coevolve(args: argparse.Namespace) -> int:
+    settings, pairs = _protocol(args)
+    with _progress() as progress:
+        result = _method(args.config, args, settings, pairs, _method_context(args), progress)
+    paths = write_report(build_report(Ledger(args.ledger), result["run_id"]), runs_dir() / "reports" / result["run_id"])
+    if args.json:
+        print(json.dumps({**result, "report": {k: str(v) for k, v in paths.items()}}, indent=1, default=str))
+    else:
+        if result["bench"]:
+            console.print(metrics_table(result["run_id"], str(result["harness"]), args.model, Metrics.model_validate(result["bench"])))
+        console.print(f"report: {paths['html']}")
+    return 0 if result["bench"] is None or result["bench"]["complete"] else 1
+
+
+def compare(args: argparse.Namespace) -> int:
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        raise UsageError(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
+    settings, pairs = _protocol(args)
+    with _progress() as progress:
+        results = {name: _method(name, args, settings, pairs, _method_context(args), progress) for name in args.configs}
+    if args.json:
+        print(json.dumps(results, indent=1, default=str))
+        return 0
+    table = Table(title=f"{args.preset} protocol, {args.model}: {len(pairs['bench'] or pairs['validation'])} evaluation pairs")
+    for col in ("method", "run", "Abstain", "Act", "Pair", "Over-abstain"):
+        table.add_column(col, justify="left" if col in ("method", "run") else "right")
+    for name, r in results.items():
+        table.add_row(name, r["run_id"], *(score_cell(r["bench"], m) for m in ("abstain", "act", "pair", "over_abstain")))
+    console.print(table)
+    return 0
+
+
+def _add_coevolution_parsers(top) -> None:
+    def protocol(sub) -> None:
+        sub.add_argument("--preset", default="quick", choices=list(PRESETS), help="pool sizes and budgets (default: quick)")
+        sub.add_argument("--model", default="local", help="every role's model")
+        sub.add_argument("--judge-model")
+        for key in ("train", "validation", "bench", "rounds", "proposers", "batch_size", "candidates", "budget"):
+            sub.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"override the preset's {key.replace('_', ' ')}")
+        sub.add_argument("--tau", type=float, help="batch admission threshold (default 0.4)")
+        sub.add_argument("--run-id", help="resume this run")
+        sub.add_argument("--json", action="store_true")
+
+    co = top.add_parser("coevolve", help="the HERA loop: rounds of environment then harness evolution, scored on the bench, with a report")
+    co.add_argument("--config", default="coevolution", choices=list(CONFIGS), help="the method (default: coevolution)")
+    protocol(co)
+    co.set_defaults(run=coevolve)
+    cmp = top.add_parser("compare", help="several methods on the same protocol and model, in one table")
+    cmp.add_argument("configs", nargs="+", metavar="CONFIG", help=", ".join(CONFIGS))
+    protocol(cmp)
+    cmp.set_defaults(run=compare)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hera", description="Harness–environment co-evolution for agentic abstention.")
     p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one)")
@@ -717,12 +829,13 @@ def parser() -> argparse.ArgumentParser:
     df.add_argument("b")
     df.set_defaults(run=diff_bundles)
     _add_report_parsers(top)
+    _add_coevolution_parsers(top)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command in ("eval", "evolve-harness", "evolve-envs", "transfer"):
+    if args.command in ("eval", "evolve-harness", "evolve-envs", "transfer", "coevolve", "compare"):
         api.tune_gc()
     try:
         return args.run(args)

@@ -45,6 +45,30 @@ from state.records import UsageRecord, merge
 
 EnvMode = Literal["coevolve", "augment", "h0", "none"]
 
+# Protocol sizes: pairs per split (None: the whole split) and the loop's budgets. `paper` is HERA's
+# (20 training pairs growing by 5 a round for 6 rounds, 15 validation pairs, 4 candidates a block);
+# `quick` fits about an hour on the embedded local model on two CPU cores.
+PRESETS: dict[str, dict] = {
+    "quick": {"train": 2, "validation": 1, "bench": 1, "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
+              "max_refinements": 0, "candidates": 1, "review_rounds": 1, "tau": 0.4},
+    "paper": {"train": 20, "validation": 15, "bench": None, "rounds": 6, "proposers": 5, "batch_size": 5, "budget": 2,
+              "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4},
+}
+
+# The compared methods as settings of this graph (HERA Table 1, ECDYSIS Table 1). A `static` method is a
+# bundle scored as it is.
+CONFIGS: dict[str, dict] = {
+    "h0": {"static": "H0"},
+    "h0-abstain-prompt": {"static": "H0-abstain-prompt"},
+    "harness-only": {"env": "none"},
+    "task-augmented": {"env": "augment"},
+    "h0-failures": {"env": "h0"},
+    "coevolution": {"env": "coevolve"},
+    "serial": {"env": "none", "mode": "serial"},
+    "aggregated": {"env": "none", "mode": "aggregate"},
+    "fdcr": {"env": "none", "mode": "fdcr"},
+}
+
 
 class CoevolutionInput(TypedDict):
     run_id: str

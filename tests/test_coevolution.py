@@ -176,3 +176,36 @@ def test_resume_after_sigkill_repeats_no_finished_episode_or_model_call(tmp_path
     assert [r["round"] for r in ledger.rounds("co-kill")] == [1, 2]
     executed = [a["episode_id"] for run in ledger.runs() for a in ledger.attempts(run["id"]) if a["status"] == "done"]
     assert len(executed) == len(set(executed)), "an episode that finished was run again"
+
+
+def any_role(messages, second):
+    """One scripted model for every role, as `--model` gives one model to all of them."""
+    if not isinstance(second, type):
+        return eager_agent(messages, second)
+    replies = {"GroupCause": CAUSE, "ModificationSpec": SPEC, "StructuredEdit": EDIT, "Review": ACCEPT}
+    if second.__name__ in replies:
+        return replies[second.__name__]
+    return propose(messages, second) if second.__name__ in ("DesignPlan", "Mutation") else shop_judge(messages, second)
+
+
+def test_compare_runs_each_method_on_the_same_protocol_and_coevolve_writes_a_report(context, capsys):
+    from graphs.cli import main
+
+    scripted.register("all", [any_role] * 400)
+    protocol = ["--model", "scripted:all", "--train", "1", "--validation", "1", "--bench", "1", "--rounds", "1",
+                "--proposers", "1", "--batch-size", "1", "--budget", "1", "--candidates", "1", "--json"]
+    base = ["--catalog", context.catalog, "--ledger", context.ledger]
+    assert main([*base, "compare", "h0", "aggregated", *protocol]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert list(results) == ["h0", "aggregated"]
+    for name, r in results.items():
+        # the eager agent completes the feasible side and never abstains, whichever harness
+        assert (r["bench"]["counts"]["abstain"], r["bench"]["counts"]["act"], r["bench"]["counts"]["pair"]) == (0, 1, 0), name
+        assert json.loads(Ledger(context.ledger).run(r["run_id"] if name == "h0" else f"{r['run_id']}-bench")["pairs"]) == ["bench-drill"]
+    assert results["h0"]["harness"] == "H0" and results["aggregated"]["pool"] == [PARENT]
+    assert main([*base, "coevolve", "--config", "coevolution", *protocol]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["pool"]) == 2 and Path(out["report"]["html"]).is_file()
+    html = Path(out["report"]["html"]).read_text()
+    assert "<svg" in html and out["run_id"] in html
+    assert main([*base, "compare", "nonsense", *protocol]) == 2
