@@ -57,6 +57,7 @@ from state.records import Observation, ToolInfo
 
 _PUBLIC = ("instruction", "context", "tools")
 _LINE_LIMIT = 64 << 20
+STARTUP_S = 60.0  # starting the sandboxed interpreter and importing the bundle: not the hooks' time, and slow on a loaded machine
 
 
 class HookError(RuntimeError):
@@ -174,7 +175,7 @@ class SandboxedHarness(BaseHarness):
             env=env, cwd=self._workdir, start_new_session=True, limit=_LINE_LIMIT)
         self._reaper = weakref.finalize(self, kill, self._proc.pid)  # no child outlives a proxy never closed
         self._drain = asyncio.create_task(self._keep_stderr(self._proc.stderr))
-        ready = await self._receive(hook)
+        ready = await self._receive(hook, max(self.timeout_s, STARTUP_S))
         if ready.get("op") != "ready":
             raise HookError(f"{self._where}: the bundle does not load in the sandbox: {self._shown(str(ready.get('error', ready)))}")
 
@@ -191,11 +192,12 @@ class SandboxedHarness(BaseHarness):
         except TimeoutError:
             raise HookError(f"{self._where}.{hook}: the sandboxed child stopped reading") from None
 
-    async def _receive(self, hook: str) -> dict:
+    async def _receive(self, hook: str, timeout_s: float | None = None) -> dict:
+        timeout_s = timeout_s or self.timeout_s
         try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), self.timeout_s)
+            line = await asyncio.wait_for(self._proc.stdout.readline(), timeout_s)
         except TimeoutError:
-            raise HookError(f"{self._where}.{hook}: did not finish within {self.timeout_s:g}s") from None
+            raise HookError(f"{self._where}.{hook}: did not finish within {timeout_s:g}s") from None
         except (ValueError, asyncio.LimitOverrunError):
             raise HookError(f"{self._where}.{hook}: sent a reply over {_LINE_LIMIT >> 20} MB") from None
         if not line:
