@@ -75,7 +75,7 @@ async def evaluate(
 ) -> tuple[str, Metrics]:
     """Runs (or resumes, given the id of an interrupted run) an evaluation; the run id and its metrics."""
     run_id = run_id or new_run_id()
-    runs_dir().mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(runs_dir().mkdir, parents=True, exist_ok=True)
     # every episode does blocking work (ledger, grading) in threads: size the pool to the concurrency
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=concurrency + 4))
     async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / "checkpoints.db")) as saver:
@@ -86,7 +86,7 @@ async def evaluate(
         payload = None if previous.next else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials, "seed": seed,
                                               **({"sides": sides} if sides else {})}
         if payload:
-            _check_same_run(run_id, payload, context)
+            await asyncio.to_thread(_check_same_run, run_id, payload, context)
         async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="sync"):
             for node, value in update.items():
                 if node == "episode_worker" and on_episode and value:

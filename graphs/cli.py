@@ -728,11 +728,113 @@ def _add_coevolution_parsers(top) -> None:
     cmp.set_defaults(run=compare)
 
 
+# `hera serve`: LangGraph Studio and the LangGraph API through `langgraph dev`.
+# Its stdlib imports are local to the functions: no other command needs them.
+STUDIO = "https://smith.langchain.com/studio/?baseUrl="
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def serve_command(port: int, config: Path, reload: bool = True) -> tuple[list[str], dict[str, str]]:
+    """The `langgraph dev` command and environment that serve the graphs of
+    `config` on 127.0.0.1 with the CLI's analytics and the server's version
+    check off, so the server makes no outbound calls."""
+    import os
+
+    argv = [sys.executable, "-m", "langgraph_cli", "dev", "--config", str(config),
+            "--host", "127.0.0.1", "--port", str(port), "--no-browser"]
+    if not reload:
+        argv.append("--no-reload")
+    env = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGGRAPH_NO_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"}
+    return argv, env
+
+
+def announced_url(line: str) -> str | None:
+    """The API URL in a line of `langgraph dev`'s banner: the port it really
+    bound, since it takes a free one when the requested port is busy."""
+    import re
+
+    found = re.search(r"API:\s*(http://\S+)", re.sub(r"\x1b\[[0-9;]*m", "", line))
+    return found.group(1) if found else None
+
+
+def server_ready(url: str, timeout_s: float) -> bool:
+    """Whether the server at `url` answers `/ok` within `timeout_s`."""
+    import time
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with opener.open(f"{url}/ok", timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.25)
+    return False
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Runs `langgraph dev` on the project's langgraph.json until it exits or Ctrl-C."""
+    import importlib.util
+    import subprocess
+    import threading
+    import webbrowser
+
+    config = PROJECT / "langgraph.json"
+    if not config.is_file():
+        raise UsageError(f"{config} not found: `hera serve` runs from a source checkout (pip install -e '.[dev]')")
+    if importlib.util.find_spec("langgraph_api") is None:
+        raise UsageError("`hera serve` needs langgraph-cli[inmem]: pip install -e '.[dev]'")
+    argv, env = serve_command(args.port, config)
+    # The graph paths in langgraph.json are relative to the working directory,
+    # where the dev server also keeps its threads (.langgraph_api/).
+    child = subprocess.Popen(argv, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, encoding="utf-8", errors="replace")
+
+    def announce(url: str) -> None:
+        if not server_ready(url, 300):
+            return
+        console.print(Panel(f"Studio  {STUDIO}{url}\nAPI     {url}  (docs {url}/docs)\nCtrl-C stops the server.",
+                            title="hera serve"))
+        if not args.no_browser:
+            webbrowser.open(f"{STUDIO}{url}")
+
+    url = None
+    try:
+        for line in child.stdout:
+            sys.stderr.write(line)
+            if url is None and (url := announced_url(line)):
+                threading.Thread(target=announce, args=(url,), daemon=True).start()
+        code = child.wait()
+    except KeyboardInterrupt:
+        # A terminal's Ctrl-C reaches the server too; a SIGINT sent to `hera` alone does not.
+        for stop, grace in ((None, 5), (child.terminate, 15), (child.kill, None)):
+            if stop:
+                stop()
+            try:
+                child.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        return 0
+    return 0 if code == 0 else 1
+
+
+def add_serve(top: argparse._SubParsersAction) -> None:
+    sv = top.add_parser("serve", help="serve the graphs to LangGraph Studio and over the LangGraph API (langgraph dev, 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=2024, help="port to ask for (default 2024; a free one is taken if it is busy)")
+    sv.add_argument("--no-browser", action="store_true", help="do not open Studio in the browser")
+    sv.set_defaults(run=serve)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hera", description="Harness–environment co-evolution for agentic abstention.")
     p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one)")
     p.add_argument("--ledger", default=None, help="ledger file (default: $HERA_RUNS/hera.db, else runs/hera.db)")
     top = p.add_subparsers(dest="command", required=True)
+    add_serve(top)
     envs = top.add_parser("envs", help="environments and matched pairs").add_subparsers(dest="envs_command", required=True)
     ls = envs.add_parser("list", help="list the catalog's pairs")
     ls.add_argument("--split", choices=["train", "validation", "bench"])

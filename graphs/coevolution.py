@@ -144,11 +144,14 @@ def _progress(record) -> None:
 async def setup(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
     """The run's catalog (training and validation pairs only); writes `catalog`, `pool`, `batches`, `harness`, `round`."""
     catalog = run_dir(state["run_id"]) / "catalog"
-    if catalog.exists():  # a crash between the copy and the checkpoint: start the copy over
-        shutil.rmtree(catalog)
-    catalog.mkdir(parents=True)
-    source = Path(runtime.context.catalog or CATALOG)
-    await asyncio.to_thread(_copy_pairs, source, catalog, state["train"] + state["validation"])
+
+    def fill() -> None:
+        if catalog.exists():  # a crash between the copy and the checkpoint: start the copy over
+            shutil.rmtree(catalog)
+        catalog.mkdir(parents=True)
+        _copy_pairs(Path(runtime.context.catalog or CATALOG), catalog, state["train"] + state["validation"])
+
+    await asyncio.to_thread(fill)
     return {"catalog": str(catalog), "pool": list(state["train"]), "batches": {"initial": list(state["train"])},
             "harness": state["base"], "harness_id": "", "round": 1}
 
@@ -168,7 +171,7 @@ async def diagnose(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
     ctx = _sub(runtime.context, state)
     eval_id, _ = await api.evaluate(state["harness"], state["pool"], ctx, run_id=f"{state['run_id']}-r{state['round']}-pool",
                                     on_episode=_progress)
-    records = [r for r in await asyncio.to_thread(Ledger(ctx.ledger).episodes, eval_id) if r.status == "done"]
+    records = [r for r in await asyncio.to_thread(lambda: Ledger(ctx.ledger).episodes(eval_id)) if r.status == "done"]
     entries = await asyncio.to_thread(lambda: {p: load_entry(p, ctx.catalog) for p in state["pool"]})
     diagnosis, usage = await failure_analyst(failure_records(records, entries), len(records), ctx.analyst_model, ctx.model_timeout_s)
     return {"diagnosis": diagnosis, "usage": usage}
@@ -218,9 +221,9 @@ async def evolve_harness(state: CoevolutionState, runtime: Runtime[Context]) -> 
 async def record(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
     """Writes the round to the ledger and moves to the next; writes `round`."""
     result = state["results"][-1]
-    await asyncio.to_thread(Ledger(runtime.context.ledger).record_round, state["run_id"], state["round"],
-                            env_run=state.get("env_run") or None, pool=state["pool"], batches=state["batches"],
-                            **{k: result[k] for k in ("harness_run", "harness", "bundle", "train_run", "validation_run")})
+    await asyncio.to_thread(lambda: Ledger(runtime.context.ledger).record_round(
+        state["run_id"], state["round"], env_run=state.get("env_run") or None, pool=state["pool"], batches=state["batches"],
+        **{k: result[k] for k in ("harness_run", "harness", "bundle", "train_run", "validation_run")}))
     return {"round": state["round"] + 1}
 
 
@@ -231,7 +234,7 @@ async def final(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
     ctx = runtime.context
     bench_run, metrics = await api.evaluate(state["harness"], state["bench"], ctx, run_id=f"{state['run_id']}-bench",
                                             on_episode=_progress)
-    await asyncio.to_thread(Ledger(ctx.ledger).record_round, state["run_id"], state["rounds"], bench_run=bench_run)
+    await asyncio.to_thread(lambda: Ledger(ctx.ledger).record_round(state["run_id"], state["rounds"], bench_run=bench_run))
     return {"results": [{"round": "bench", "bench_run": bench_run, "bench": metrics.model_dump()}]}
 
 

@@ -149,7 +149,8 @@ async def certifier(state: ProposalState, runtime: Runtime[Context]) -> Command[
     entry = await asyncio.to_thread(_entry, target.parent, ctx)
     pair = _pair(target.id, entry, state["mutation"])
     cert = await asyncio.to_thread(certify, pair, entry.env)
-    await asyncio.to_thread(Ledger(ctx.ledger).record_certification, cert)
+    ledger = await asyncio.to_thread(Ledger, ctx.ledger)
+    await asyncio.to_thread(ledger.record_certification, cert)
     checks = tuple(f"{c.name}: {'pass' if c.passed else 'FAIL'} — {c.detail}" for c in cert.checks)
     if cert.passed:
         return Command(goto=END, update=_outcome(state, "certified", "all certification checks pass", checks))
@@ -253,7 +254,7 @@ def write_pool(run_id: str, pairs: list[tuple[PairSpec, Path]]) -> Path:
 async def batcher(state: EnvEvolutionState, runtime: Runtime[Context]) -> Command[Literal["screener", "environment_designer", "__end__"]]:
     """Groups the next `batch_size` certified, unbatched pairs into a batch, or designs more within the budget; writes `batch`, `batched`."""
     ctx = runtime.context
-    ledger = Ledger(ctx.ledger)
+    ledger = await asyncio.to_thread(Ledger, ctx.ledger)
     for outcome in state.get("outcomes", {}).values():
         await asyncio.to_thread(ledger.record_proposal, state["run_id"], outcome)
     batched = state.get("batched", [])
@@ -278,12 +279,13 @@ async def screener(state: EnvEvolutionState, runtime: Runtime[Context]) -> Comma
     screen_ctx = Context(**{**ctx.__dict__, "catalog": str(pool_dir(state["run_id"]))})
     eval_id, _ = await api.evaluate(state["harness"], batch, screen_ctx, run_id=f"{state['run_id']}-screen-{len(state.get('screenings', []))}",
                                     sides=["abstain"])
-    records = await asyncio.to_thread(Ledger(ctx.ledger).episodes, eval_id)
+    ledger = await asyncio.to_thread(Ledger, ctx.ledger)
+    records = await asyncio.to_thread(ledger.episodes, eval_id)
     failed = sorted(r.pair_id for r in records if r.status == "done" and r.grade and not r.grade.success)
     needed = math.ceil(state["tau"] * len(batch) - 1e-9)
     admitted = len(failed) >= needed
     screening = {"batch": batch, "screen_run": eval_id, "failed_to_abstain": failed, "needed": needed, "admitted": admitted}
-    await asyncio.to_thread(Ledger(ctx.ledger).record_batch, state["run_id"], screening)
+    await asyncio.to_thread(ledger.record_batch, state["run_id"], screening)
     update = {"screenings": [screening], "admitted": state.get("admitted", []) + (batch if admitted else [])}
     done = len([s for s in state.get("screenings", []) + [screening] if s["admitted"]]) >= state["batches"]
     if done or state.get("design_round", 0) >= state["budget"]:

@@ -96,7 +96,10 @@ def public_context(entry) -> str:
 async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "__end__"]]:
     """Opens the episode's environment and harness; writes `messages`, `turns`, `harness_hash`."""
     request, ctx = state["request"], runtime.context
-    live = LIVE[state["episode_id"]]
+    live = LIVE.get(state["episode_id"])
+    if live is None:  # invoked on its own, e.g. from LangGraph Studio
+        raise RuntimeError(f"episode {state['episode_id']!r} has no open environment: the episode graph runs "
+                           "inside run_episode, which opens the pair's MCP session; run the `evaluate` graph instead")
     entry = live.entry
     bundle = await asyncio.to_thread(load_bundle, request.bundle)
     listed = (await live.session.list_tools()).tools

@@ -66,9 +66,10 @@ async def planner(state: EvaluateState, runtime: Runtime[Context]) -> dict:
     catalog = runtime.context.catalog or str(CATALOG)
     for pair_id in state["pair_ids"]:
         await asyncio.to_thread(load_entry, pair_id, catalog)
-    bundle = load_bundle(state["bundle"])
+    bundle = await asyncio.to_thread(load_bundle, state["bundle"])
+    ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
     await asyncio.to_thread(
-        Ledger(runtime.context.ledger).record_run, state["run_id"], bundle=bundle.id, harness_hash=bundle.hash,
+        ledger.record_run, state["run_id"], bundle=bundle.id, harness_hash=bundle.hash,
         model=runtime.context.agent_model, judge=runtime.context.judge_model, pairs=state["pair_ids"], trials=state["trials"],
         seed=state["seed"], bundle_ref=state["bundle"],
     )
@@ -104,7 +105,7 @@ def fan_out_episodes(state: EvaluateState) -> list[Send]:
 async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
     """Reuses or runs, grades and stores one episode; writes `results`."""
     ctx, request = runtime.context, task["request"]
-    ledger = Ledger(ctx.ledger)
+    ledger = await asyncio.to_thread(Ledger, ctx.ledger)
     entry, key, cached = await asyncio.to_thread(_lookup, request, ctx, ledger)
     if cached is not None:
         await asyncio.to_thread(ledger.record_episode, task["run_id"], cached, True)
@@ -169,7 +170,8 @@ async def _judge(instruction: str, answer: str, ctx: Context, ledger: Ledger):
 async def scorer(state: EvaluateState, runtime: Runtime[Context]) -> dict:
     """Scores the finished episodes; writes `metrics` and records them with the run."""
     metrics = score(list(state.get("results", {}).values()), state["pair_ids"], state["trials"])
-    await asyncio.to_thread(Ledger(runtime.context.ledger).record_run, state["run_id"], metrics=metrics.model_dump())
+    ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
+    await asyncio.to_thread(ledger.record_run, state["run_id"], metrics=metrics.model_dump())
     return {"metrics": metrics}
 
 

@@ -95,7 +95,8 @@ async def _evaluate(bundle: str, pairs: list[str], ctx: Context, run_id: str) ->
     """Metrics and episodes of one bundle on some pairs, as an evaluation run of its own (resumed by id)."""
     writer = get_stream_writer()
     eval_id, metrics = await api.evaluate(bundle, pairs, ctx, run_id=run_id, on_episode=lambda r: writer(api.episode_event(r)))
-    records = await asyncio.to_thread(Ledger(ctx.ledger).episodes, eval_id)
+    ledger = await asyncio.to_thread(Ledger, ctx.ledger)
+    records = await asyncio.to_thread(ledger.episodes, eval_id)
     return {**metrics.model_dump(), "run_id": eval_id}, [r for r in records if r.status == "done"]
 
 
@@ -113,7 +114,8 @@ async def baseline(state: HarnessEvolutionState, runtime: Runtime[Context]) -> d
     entry = LineageEntry(id=f"{state['run_id']}:{bundle.id}", bundle_id=bundle.id, parent_id=None, run_id=state["run_id"],
                          path=str(bundle.path), mode=state["mode"], train=train, validation=validation, adopted=True,
                          reason="the starting harness")
-    await asyncio.to_thread(Ledger(runtime.context.ledger).record_lineage, entry)
+    ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
+    await asyncio.to_thread(ledger.record_lineage, entry)
     return {"lineage": {entry.id: entry}, "parent": entry.id, "failures": failures, "episodes": episodes, "index": 0}
 
 
@@ -198,7 +200,8 @@ async def bundle_checks(state: HarnessEvolutionState, runtime: Runtime[Context])
                          path=candidate, mode=state["mode"], spec=state.get("spec") if state["mode"] != "serial" else None,
                          diff=diff, problems=tuple(problems), reason="; ".join(state.get("notes", [])),
                          usage=tuple(state["usage"][mark:]), build_s=time.time() - started)
-    await asyncio.to_thread(Ledger(ctx.ledger).record_lineage, entry)
+    ledger = await asyncio.to_thread(Ledger, ctx.ledger)
+    await asyncio.to_thread(ledger.record_lineage, entry)
     return {"lineage": {entry.id: entry}}
 
 
@@ -214,7 +217,8 @@ async def candidate_evaluation(state: HarnessEvolutionState, runtime: Runtime[Co
     entry_id = f"{state['run_id']}:{Path(state['candidate']).name}"
     train, validation, failures, episodes = await _scores(state["candidate"], state, runtime.context, Path(state["candidate"]).name)
     entry = state["lineage"][entry_id].model_copy(update={"train": train, "validation": validation})
-    await asyncio.to_thread(Ledger(runtime.context.ledger).record_lineage, entry)
+    ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
+    await asyncio.to_thread(ledger.record_lineage, entry)
     return {"lineage": {entry_id: entry}, "parent": entry_id, "failures": failures, "episodes": episodes}
 
 
@@ -266,7 +270,7 @@ async def selector(state: HarnessEvolutionState, runtime: Runtime[Context]) -> d
     for entry_id, entry in updates.items():
         if entry.adopted and entry_id != selected:
             updates[entry_id] = entry.model_copy(update={"adopted": False, "reason": entry.reason + "; another candidate scored higher"})
-    ledger = Ledger(runtime.context.ledger)
+    ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
     for entry in updates.values():
         await asyncio.to_thread(ledger.record_lineage, entry)
     return {"lineage": updates, "selected": selected}

@@ -6,6 +6,7 @@ infrastructure error (never a grade)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from langchain_core.messages import HumanMessage
@@ -26,7 +27,7 @@ async def abstention_judge(instruction: str, response: str, model: str, ledger: 
     if not response.strip():
         return JudgeVerdict(abstained=False, scope="none", quote="", reason="empty response"), []
     key = content_hash({"model": model, "instruction": instruction, "response": response})
-    cached = ledger.judged(key)
+    cached = await asyncio.to_thread(ledger.judged, key)
     if cached is not None:
         return cached, []
     judge = chat_model(model, role="abstention_judge")
@@ -36,6 +37,6 @@ async def abstention_judge(instruction: str, response: str, model: str, ledger: 
         verdict, used = await judge.structured(prompt, JudgeVerdict)
         usage.append(used)
         if _squash(verdict.quote) in _squash(response) and verdict.abstained == (verdict.scope != "none"):
-            ledger.record_judgement(key, verdict)
+            await asyncio.to_thread(ledger.record_judgement, key, verdict)
             return verdict, usage
     raise InfrastructureError("malformed", f"judge quote not found in the response: {verdict.quote!r}")

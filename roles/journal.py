@@ -13,6 +13,7 @@ kept. The journal lives in `runs/calls.db`.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import sqlite3
@@ -81,12 +82,22 @@ async def journaled(request: dict[str, Any], call: Callable[[], Awaitable[T]], d
     n = counts.get(digest, 0)
     counts[digest] = n + 1
     key = f"{digest}:{n}"
+    kept = await asyncio.to_thread(_read, key)
+    if kept is not None:
+        return load(kept)
+    result = await call()
+    await asyncio.to_thread(_write, key, dump(result))
+    return result
+
+
+def _read(key: str) -> str | None:
     db = _db()
     with _lock:
         row = db.execute("select reply from calls where id = ?", [key]).fetchone()
-    if row:
-        return load(row[0])
-    result = await call()
+    return row[0] if row else None
+
+
+def _write(key: str, reply: str) -> None:
+    db = _db()
     with _lock:
-        db.execute("insert or replace into calls (id, reply) values (?, ?)", [key, dump(result)])
-    return result
+        db.execute("insert or replace into calls (id, reply) values (?, ?)", [key, reply])

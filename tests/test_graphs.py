@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_langgraph_json_entries_import():
     spec = json.loads((ROOT / "langgraph.json").read_text())
-    for name, target in spec["graphs"].items():
-        module, attr = target.split(":")
+    for name, entry in spec["graphs"].items():
+        assert entry["description"].strip(), name
+        module, attr = entry["path"].split(":")
         graph = getattr(importlib.import_module(module.removeprefix("./").removesuffix(".py").replace("/", ".")), attr)
         assert graph.name == name
         assert graph.checkpointer is None
