@@ -106,7 +106,6 @@ class CoevolutionState(CoevolutionInput, CoevolutionOutput, total=False):
     usage: Annotated[list[UsageRecord], operator.add]
     catalog: str
     round: int
-    harness_id: str  # the lineage entry of `harness`; "" for the starting bundle
     diagnosis: Diagnosis
     reserve: list[list[str]]  # env="h0": batches generated up front, released one per round
     env_run: str
@@ -153,7 +152,7 @@ async def setup(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
 
     await asyncio.to_thread(fill)
     return {"catalog": str(catalog), "pool": list(state["train"]), "batches": {"initial": list(state["train"])},
-            "harness": state["base"], "harness_id": "", "round": 1}
+            "harness": state["base"], "round": 1}
 
 
 def needs_diagnosis(state: CoevolutionState) -> bool:
@@ -205,14 +204,14 @@ async def evolve_envs(state: CoevolutionState, runtime: Runtime[Context]) -> dic
 
 
 async def evolve_harness(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
-    """One harness-evolution block on the grown pool, selecting on the validation pairs; writes `harness`, `harness_id`, `lineage`."""
+    """One harness-evolution block on the grown pool, selecting on the validation pairs; writes `harness`, `lineage`, `results`."""
     ctx = _sub(runtime.context, state)
     harness_run, final = await api.evolve_harness(
         state["harness"], state["pool"], state["validation"], ctx, candidates=state["candidates"], mode=state["mode"],
         channel=state["channel"], rounds=state["review_rounds"], rule=state["rule"], run_id=f"{state['run_id']}-h{state['round']}",
         on_event=_forward)
     selected = final["lineage"][final["selected"]]
-    return {"harness": selected.path, "harness_id": selected.id, "lineage": final["lineage"],
+    return {"harness": selected.path, "lineage": final["lineage"],
             "results": [{"round": state["round"], "harness_run": harness_run, "harness": selected.id, "bundle": selected.path,
                          "train_run": selected.train["run_id"], "validation_run": selected.validation["run_id"],
                          "train": selected.train, "validation": selected.validation}]}
