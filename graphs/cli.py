@@ -712,8 +712,12 @@ def _add_coevolution_parsers(top) -> None:
         sub.add_argument("--preset", default="quick", choices=list(PRESETS), help="pool sizes and budgets (default: quick)")
         sub.add_argument("--model", default="local", help="every role's model")
         sub.add_argument("--judge-model")
-        for key in ("train", "validation", "bench", "rounds", "proposers", "batch_size", "candidates", "budget"):
-            sub.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"override the preset's {key.replace('_', ' ')}")
+        overrides = {"train": "training pairs at the start", "validation": "validation pairs", "bench": "bench pairs scored at the end",
+                     "rounds": "co-evolution rounds", "proposers": "mutation proposals per design round",
+                     "batch_size": "pairs per screened batch", "candidates": "harness candidates per block",
+                     "budget": "design rounds per admitted batch"}
+        for key, what in overrides.items():
+            sub.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{what} (default: the preset's)")
         sub.add_argument("--tau", type=float, help="batch admission threshold (default 0.4)")
         sub.add_argument("--run-id", help="resume this run")
         sub.add_argument("--json", action="store_true")
