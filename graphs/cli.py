@@ -664,10 +664,10 @@ def _method(name: str, args: argparse.Namespace, settings: dict, pairs: dict[str
     return result
 
 
-def _method_context(args: argparse.Namespace) -> Context:
+def _method_context(args: argparse.Namespace, settings: dict) -> Context:
     return Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
                    optimizer_model=args.model, proposer_model=args.model, reviewer_model=args.model,
-                   catalog=args.catalog, ledger=args.ledger)
+                   catalog=args.catalog, ledger=args.ledger, max_turns=settings.pop("max_turns"))
 
 
 def _progress() -> Progress:
@@ -676,8 +676,9 @@ def _progress() -> Progress:
 
 def coevolve(args: argparse.Namespace) -> int:
     settings, pairs = _protocol(args)
+    context = _method_context(args, settings)
     with _progress() as progress:
-        result = _method(args.config, args, settings, pairs, _method_context(args), progress)
+        result = _method(args.config, args, settings, pairs, context, progress)
     paths = write_report(build_report(Ledger(args.ledger), result["run_id"]), runs_dir() / "reports" / result["run_id"])
     if args.json:
         print(json.dumps({**result, "report": {k: str(v) for k, v in paths.items()}}, indent=1, default=str))
@@ -693,8 +694,9 @@ def compare(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
     settings, pairs = _protocol(args)
+    context = _method_context(args, settings)
     with _progress() as progress:
-        results = {name: _method(name, args, settings, pairs, _method_context(args), progress) for name in args.configs}
+        results = {name: _method(name, args, settings, pairs, context, progress) for name in args.configs}
     if args.json:
         print(json.dumps(results, indent=1, default=str))
         return 0
@@ -715,7 +717,7 @@ def _add_coevolution_parsers(top) -> None:
         overrides = {"train": "training pairs at the start", "validation": "validation pairs", "bench": "bench pairs scored at the end",
                      "rounds": "co-evolution rounds", "proposers": "mutation proposals per design round",
                      "batch_size": "pairs per screened batch", "candidates": "harness candidates per block",
-                     "budget": "design rounds per admitted batch"}
+                     "budget": "design rounds per admitted batch", "max_turns": "a cap on every episode's turns"}
         for key, what in overrides.items():
             sub.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{what} (default: the preset's)")
         sub.add_argument("--tau", type=float, help="batch admission threshold (default 0.4)")

@@ -45,14 +45,15 @@ from state.records import UsageRecord, merge
 
 EnvMode = Literal["coevolve", "augment", "h0", "none"]
 
-# Protocol sizes: pairs per split (None: the whole split) and the loop's budgets. `paper` is HERA's
-# (20 training pairs growing by 5 a round for 6 rounds, 15 validation pairs, 4 candidates a block);
-# `quick` fits about an hour on the embedded local model on two CPU cores.
+# Protocol sizes: pairs per split (None: the whole split), the loop's budgets and a cap on every
+# episode's turns (None: each harness's own limit). `paper` is HERA's (20 training pairs growing by
+# 5 a round for 6 rounds, 15 validation pairs, 4 candidates a block); `quick` fits about an hour on
+# the embedded local model on two CPU cores, where a 30-turn episode alone can take half an hour.
 PRESETS: dict[str, dict] = {
     "quick": {"train": 2, "validation": 1, "bench": 1, "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
-              "max_refinements": 0, "candidates": 1, "review_rounds": 1, "tau": 0.4},
+              "max_refinements": 0, "candidates": 1, "review_rounds": 1, "tau": 0.4, "max_turns": 10},
     "paper": {"train": 20, "validation": 15, "bench": None, "rounds": 6, "proposers": 5, "batch_size": 5, "budget": 2,
-              "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4},
+              "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4, "max_turns": None},
 }
 
 # The compared methods as settings of this graph (HERA Table 1, ECDYSIS Table 1). A `static` method is a

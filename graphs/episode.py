@@ -148,10 +148,15 @@ async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     turns = state["turns"] + 1
     update = {"messages": [done.message], "usage": [*live.drain_usage(), done.usage], "turns": turns}
     if done.message.tool_calls:
-        if turns >= live.view.config.max_turns:
+        if turns >= turn_limit(live, runtime.context):
             return Command(goto=END, update={**update, "termination": "turn_limit", "answer": ""})
         return Command(goto="tools", update=update)
     return Command(goto="finalizer", update=update)
+
+
+def turn_limit(live: Live, ctx: Context) -> int:
+    """The harness's turn limit, or the run's budget when that is lower."""
+    return min(live.view.config.max_turns, ctx.max_turns or live.view.config.max_turns)
 
 
 async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "__end__"]]:
@@ -212,7 +217,7 @@ async def finalizer(state: EpisodeState, runtime: Runtime[Context]) -> Command[L
     except HookError as exc:
         return _harness_error(exc, usage=live.drain_usage())
     usage = live.drain_usage()
-    if final.action == "revise" and state["turns"] < live.view.config.max_turns:
+    if final.action == "revise" and state["turns"] < turn_limit(live, runtime.context):
         return Command(goto="agent", update={"messages": [HumanMessage(final.text)], "usage": usage})
     if final.action in ("replace", "abstain"):
         answer = final.text

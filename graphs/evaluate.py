@@ -122,7 +122,8 @@ def _lookup(request: EpisodeRequest, ctx: Context, ledger: Ledger) -> tuple[Entr
     """The pair, the rollout-cache key and the cached episode, in one trip off the event loop."""
     entry = load_entry(request.pair_id, ctx.catalog or str(CATALOG))
     key = EpisodeKey(harness_hash=load_bundle(request.bundle).hash, env_hash=side_env(entry, request.side).hash,
-                     task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial)
+                     task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial,
+                     max_turns=ctx.max_turns)
     return entry, key, ledger.episode(key.id)
 
 

@@ -23,6 +23,7 @@ class Context:
     max_infra_retries: int = 2
     model_timeout_s: float = 1800.0  # a hang guard: 8,192 tokens from the local model on two cores take about 20 minutes
     env_transport: str = "memory"  # or "stdio": one MCP server subprocess per episode
+    max_turns: int | None = None  # a budget: caps every episode's turns below its harness's own limit
 
 
 class EpisodeRequest(Record):

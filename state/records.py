@@ -317,10 +317,11 @@ class EpisodeKey(Record):
     model: str
     seed: int
     trial: int
+    max_turns: int | None = None  # the run's cap on turns, when it has one
 
     @property
     def id(self) -> str:
-        return content_hash(self.model_dump())
+        return content_hash(self.model_dump(exclude_none=True))
 
 
 class EpisodeRecord(Record):

@@ -228,3 +228,21 @@ def test_a_bundle_check_runs_once_per_bundle_content(tmp_path, monkeypatch):
     (bundle / "config.yaml").write_text("max_turns: 28\nmax_output_tokens: 8192\n")
     assert evaluate_graph._check(str(bundle)) == evaluate_graph._check(str(bundle)) == ["hooks.py: broken"]
     assert len(checked) == 4
+
+
+def test_a_turn_budget_caps_every_episode_and_keys_the_cache(context):
+    from dataclasses import replace
+
+    scripted.register("agent", [shop_agent] * 20)
+    scripted.register("judge", [shop_judge] * 4)
+    run_id, metrics = asyncio.run(api.evaluate("H0", ["shop-reserve-drill"], replace(context, max_turns=1)))
+    capped = {e.key.side: e for e in Ledger(context.ledger).episodes(run_id)}
+    # the first turn already calls a tool; with a budget of one turn the episode ends there, unanswered
+    assert {s: (e.termination, len([m for m in e.messages if m["type"] == "ai"])) for s, e in capped.items()} == {
+        "act": ("turn_limit", 1), "abstain": ("turn_limit", 1)}
+    assert all(e.key.max_turns == 1 for e in capped.values()) and metrics.counts["act"] == 0
+    run_id, _ = asyncio.run(api.evaluate("H0", ["shop-reserve-drill"], context))
+    free = {e.key.side: e for e in Ledger(context.ledger).episodes(run_id)}
+    # without the budget the same episodes are new rollouts, not the capped ones from the cache
+    assert {s: e.termination for s, e in free.items()} == {"act": "final_answer", "abstain": "final_answer"}
+    assert all(free[s].key.id != capped[s].key.id for s in free)
