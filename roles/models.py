@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 KINDS = ("rate_limited", "server_error", "timeout", "malformed", "truncated", "connection")
 MAX_BACKOFF_S = 60.0
+# A structured reply longer than this is a model going round in its grammar (seen: a 1.5B model past 2,000
+# tokens of one JSON reply at 3 tokens/s); it is cut off and asked again, not waited for.
+STRUCTURED_MAX_TOKENS = 1536
 LOCAL_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "extra_body": {"top_k": 20, "repeat_penalty": 1.05}}
 T = TypeVar("T")
 
@@ -340,7 +343,7 @@ class OpenAICompatibleModel:
             # llama.cpp constrains the grammar but never shows the model the schema; OpenAI does.
             note = f"Answer with one JSON object of this form: {describe_object(schema.model_json_schema())}"
             sent = with_system_note(fold_history(messages), note)
-        options = {"response_format": response_format(schema)}
+        options = {"response_format": response_format(schema), "max_tokens": STRUCTURED_MAX_TOKENS}
         started = time.monotonic()
 
         async def attempt() -> tuple[AIMessage, BaseModel]:

@@ -17,6 +17,7 @@ from roles.models import (
     ChatModel,
     InfrastructureError,
     OpenAICompatibleModel,
+    STRUCTURED_MAX_TOKENS,
     backoff_s,
     chat_model,
     cost_usd,
@@ -435,6 +436,8 @@ async def test_structured_output_is_requested_by_json_schema_and_retried(endpoin
     assert usage.input_tokens == 12 and usage.cost_usd is None
     assert fake.requests[0]["response_format"] == response_format(Verdict)
     assert fake.requests[0]["response_format"]["json_schema"]["name"] == "Verdict"
+    # a reply going round in its grammar is cut off, not waited for until the context is full
+    assert fake.requests[0].get("max_completion_tokens", fake.requests[0].get("max_tokens")) == STRUCTURED_MAX_TOKENS
 
 
 async def test_a_truncated_reply_with_content_is_returned_not_retried(endpoint):
