@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import typing
 from pathlib import Path
 
 from langchain_core.messages import BaseMessage, HumanMessage
@@ -30,20 +29,28 @@ _TOOL = ToolInfo(name="lookup", description="Looks a record up.", input_schema={
 
 
 def placeholder(schema: type[BaseModel]) -> BaseModel:
-    """A valid instance of `schema` with plain default values, the answer `view.ask` gives in a check."""
-    values = {}
-    for name, field in schema.model_fields.items():
-        if not field.is_required():
-            continue
-        tp = field.annotation
-        origin = typing.get_origin(tp)
-        if origin is typing.Literal:
-            values[name] = typing.get_args(tp)[0]
-        elif isinstance(tp, type) and issubclass(tp, BaseModel):
-            values[name] = placeholder(tp)
-        else:
-            values[name] = {bool: False, int: 0, float: 0.0, str: "", list: [], dict: {}}.get(origin or tp)
-    return schema.model_validate(values)
+    """A valid instance of `schema` with plain default values, the answer `view.ask` gives in a check.
+    Built from its JSON schema, so that it also answers the stand-in class a sandboxed hook's question
+    arrives as (`harness.remote.answer_schema`), which has no fields of its own."""
+    js = schema.model_json_schema()
+    return schema.model_validate(_example(js, js.get("$defs", {})))
+
+
+def _example(node: dict, defs: dict):
+    if "$ref" in node:
+        return _example(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+    if "const" in node:
+        return node["const"]
+    if node.get("enum"):
+        return node["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if node.get(key):
+            return _example(node[key][0], defs)
+    kind = node.get("type")
+    kind = kind[0] if isinstance(kind, list) else kind
+    if kind == "object":
+        return {k: _example(v, defs) for k, v in node.get("properties", {}).items() if k in node.get("required", ())}
+    return {"boolean": False, "integer": 0, "number": 0.0, "string": "", "array": [], "null": None}.get(kind)
 
 
 async def _ask(messages: list[BaseMessage], schema: type[BaseModel]) -> BaseModel:

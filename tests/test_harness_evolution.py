@@ -12,7 +12,7 @@ from envs.catalog import load_catalog
 from graphs import api
 from graphs.cli import main
 from graphs.fdcr import graph as fdcr_graph
-from graphs.harness_evolution import judge_candidate
+from graphs.harness_evolution import judge_candidate, smoke_episode
 from harness.bundle import BUNDLES, bundle_diff, load_bundle
 from harness.check import check_bundle
 from harness.leakage import leaks
@@ -149,6 +149,13 @@ def test_structured_edit_writes_prompt_components_skills_and_turns(staging):
     assert bundle.prompts["system"].rstrip().endswith("Check every required fact before acting.\n\n$context".rstrip())
     assert bundle.skills == {"verify-first": "Verify first\nWhen: a required value is missing\nDo: stop and explain\n"}
     assert check_bundle(staging) == []
+
+
+@pytest.mark.parametrize("components", [[], ["confirm_final_decision", "check_before_commit", "look_before_act"]])
+def test_the_smoke_episode_passes_a_sound_candidate_whatever_its_hooks_ask(context, staging, components):
+    # a candidate runs sandboxed, and its hooks' questions reach the exerciser as a stand-in schema class
+    apply_edit(staging, HarnessEdit.model_validate({**EDIT, "components": [{"name": c} for c in components]}))
+    assert asyncio.run(smoke_episode(str(staging), "shop-reserve-drill", context)) is None
 
 
 def test_a_candidate_breaking_the_hook_abi_is_rejected(staging):
