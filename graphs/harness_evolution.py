@@ -173,6 +173,8 @@ async def smoke_episode(bundle: str, pair_id: str, ctx: Context) -> str | None:
         out = await run_episode(EpisodeRequest(pair_id=pair_id, side="act", bundle=bundle), Context(
             agent_model=f"scripted:{name}", catalog=ctx.catalog, ledger=ctx.ledger), f"smoke-{name}")
     except Exception as exc:  # whatever the candidate's hooks did, the check reports it
+        while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # the MCP session's task group wraps it
+            exc = exc.exceptions[0]
         return f"smoke episode: {type(exc).__name__}: {exc}"
     finally:
         scripted.clear(name)
