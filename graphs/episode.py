@@ -34,6 +34,7 @@ from envs.mcp_server import connection, memory_session
 from harness.abi import BaseHarness, EpisodeView, ToolRequest, call_hook
 from harness.bundle import load_bundle
 from harness.remote import HookError, SandboxedHarness
+from roles.journal import call_scope
 from roles.models import ChatModel, ContextLimitError, InfrastructureError, chat_model
 from state.context import Context, EpisodeRequest
 from state.records import Observation, ToolInfo, UsageRecord
@@ -265,6 +266,11 @@ async def environment_session(entry: Entry, side: str, catalog: str, transport: 
         yield session
 
 
+async def _journaled_as(episode_id: str, run):
+    with call_scope(f"episode:{episode_id}"):
+        return await run
+
+
 async def run_episode(request: EpisodeRequest, context: Context, episode_id: str, entry: Entry | None = None) -> dict:
     """Runs one episode to the end. The pair is loaded (unless the caller has
     it) and the MCP session opened and closed here, in one task, around the graph run."""
@@ -277,7 +283,9 @@ async def run_episode(request: EpisodeRequest, context: Context, episode_id: str
         try:
             # A fresh contextvars context: the episode is the unit of the rollout
             # cache and must not become a checkpointed subgraph of an evaluation.
-            return await asyncio.get_running_loop().create_task(run, context=contextvars.Context())
+            # Its model calls are journaled under its id, so a resumed run replays
+            # the turns an interrupted attempt already had answered.
+            return await asyncio.get_running_loop().create_task(_journaled_as(episode_id, run), context=contextvars.Context())
         finally:
             live = LIVE.pop(episode_id)
             if isinstance(live.harness, SandboxedHarness):

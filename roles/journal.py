@@ -63,6 +63,7 @@ def _db() -> sqlite3.Connection:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             conn.execute("pragma journal_mode=wal")
+            conn.execute("pragma synchronous=normal")  # survives a killed process, which is what resuming is for
             conn.execute("create table if not exists calls (id text primary key, reply text not null)")
             _connections[path] = conn
         return _connections[path]
