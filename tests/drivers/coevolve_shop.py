@@ -1,20 +1,32 @@
-"""Run a two-round co-evolution on a shop catalog with scripted models,
-logging every model call the scripts answer, for the SIGKILL resume test.
+"""Run a two-round co-evolution on a shop catalog with scripted models, for
+the SIGKILL resume test. The log gets the script's name when a scripted model
+is called, and `done <role>` once a reply is kept in the call journal (a call
+is finished then, not before).
 
     python -m tests.drivers.coevolve_shop CATALOG LEDGER LOG RUN_ID
 """
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
 
 from graphs import api
+from roles import journal
 from tests.test_coevolution import SETTINGS, models, register_models
 
 
 def main(catalog: str, ledger: str, log_path: str, run_id: str) -> None:
     register_models(lambda name, step: logged(name, step, log_path))
+    keep = journal._write
+
+    def write(key: str, reply: str) -> None:
+        keep(key, reply)
+        with open(log_path, "a") as f:
+            f.write(f"done {json.loads(reply)['usage']['role']}\n")
+
+    journal._write = write
     asyncio.run(api.run_coevolution("H0", models(Path(catalog), Path(ledger)), run_id=run_id, **SETTINGS))
 
 
