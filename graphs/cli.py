@@ -393,7 +393,8 @@ def evolve_harness(args: argparse.Namespace) -> int:
     for pair_id in pool + validation:
         _entry(args, pair_id)
     context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.analyst_model or args.model,
-                      optimizer_model=args.optimizer_model or args.model, catalog=args.catalog, ledger=args.ledger)
+                      optimizer_model=args.optimizer_model or args.model, catalog=args.catalog, ledger=args.ledger,
+                      max_turns=args.max_turns)
     per_eval = 2 * (len(pool) + len(validation))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task("evaluating the starting harness", total=per_eval * (args.candidates + 1))
@@ -907,6 +908,7 @@ def parser() -> argparse.ArgumentParser:
     evo.add_argument("--judge-model")
     evo.add_argument("--analyst-model", help="failure analyst and review roles (default: --model)")
     evo.add_argument("--optimizer-model", help="the coding agent (default: --model)")
+    evo.add_argument("--max-turns", type=int, help="a cap on every episode's turns (default: the harness's own limit)")
     evo.add_argument("--run-id", help="resume this run")
     evo.add_argument("--json", action="store_true")
     evo.set_defaults(run=evolve_harness)

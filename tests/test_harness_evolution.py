@@ -261,9 +261,10 @@ def test_cli_block_lineage_and_diff(context, capsys):
     base = ["--catalog", str(FIXTURES), "--ledger", context.ledger]
     code = main([*base, "evolve-harness", "--model", "scripted:agent", "--judge-model", "scripted:judge",
                  "--analyst-model", "scripted:analyst", "--optimizer-model", "scripted:optimizer", "--mode", "aggregate",
-                 "--pool-pairs", "shop-reserve-drill", "--val-pairs", "shop-rescued", "--candidates", "1", "--json"])
+                 "--pool-pairs", "shop-reserve-drill", "--val-pairs", "shop-rescued", "--candidates", "1", "--max-turns", "8", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["selected"] == f"{out['run_id']}:c1"
+    assert {r.key.max_turns for r in Ledger(context.ledger).episodes()} == {8}  # the cap reaches every episode
     assert main([*base, "lineage", out["run_id"], "--json"]) == 0
     entries = json.loads(capsys.readouterr().out)
     assert [(e["bundle_id"], e["adopted"], e["parent_id"]) for e in entries] == [("H0", True, None), ("c1", True, entries[0]["id"])]
