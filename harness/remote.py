@@ -32,7 +32,6 @@ import shutil
 import sys
 import tempfile
 import traceback
-import weakref
 from pathlib import Path
 from typing import Any, Self
 
@@ -52,11 +51,10 @@ from harness.abi import (
     call_hook,
 )
 from harness.bundle import Bundle, load_bundle
-from harness.sandbox import kill, sandbox_command, stage
+from harness.sandbox import Child, ChildError, stage
 from state.records import Observation, ToolInfo
 
 _PUBLIC = ("instruction", "context", "tools")
-_LINE_LIMIT = 64 << 20
 STARTUP_S = 60.0  # starting the sandboxed interpreter and importing the bundle: not the hooks' time, and slow on a loaded machine
 
 
@@ -70,11 +68,9 @@ class SandboxedHarness(BaseHarness):
     def __init__(self, bundle: Bundle, *, timeout_s: float = 30, memory_mb: int = 1024, cpu_s: int = 600):
         self.bundle, self.timeout_s, self.memory_mb, self.cpu_s = bundle, timeout_s, memory_mb, cpu_s
         self._where = f"{bundle.path / 'hooks.py'}: Harness"
-        self._proc: asyncio.subprocess.Process | None = None
+        self._child: Child | None = None
         self._workdir: Path | None = None
         self._staged = ""
-        self._stderr = bytearray()
-        self._drain: asyncio.Task | None = None
         self._sent = 0
         self._broken: str | None = None
         self._lock = asyncio.Lock()
@@ -105,14 +101,9 @@ class SandboxedHarness(BaseHarness):
 
     async def aclose(self) -> None:
         """Kill the child and everything it started; remove its working directory."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            self._reaper.detach()
-            kill(proc.pid)
-            await proc.wait()
-            if self._drain is not None:
-                await asyncio.wait([self._drain], timeout=1)
-                self._drain.cancel()
+        child, self._child = self._child, None
+        if child is not None:
+            await child.close()
         if self._workdir is not None:
             await asyncio.to_thread(shutil.rmtree, self._workdir, True)
             self._workdir = None
@@ -140,7 +131,7 @@ class SandboxedHarness(BaseHarness):
 
     async def _exchange(self, hook: str, view: EpisodeView, args: tuple) -> Any:
         request: dict[str, Any] = {"op": "call", "hook": hook, "args": list(args)}
-        if self._proc is None:
+        if self._child is None:
             await self._start(hook)
             request["view"] = {"instruction": view.instruction, "context": view.context,
                                "tools": [t.model_dump(mode="json") for t in view.tools],
@@ -168,58 +159,23 @@ class SandboxedHarness(BaseHarness):
         self._workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-harness-"))
         staged = await asyncio.to_thread(stage, self.bundle.path, self._workdir)
         self._staged = str(staged)
-        argv, env = await asyncio.to_thread(sandbox_command, ["-m", "harness.remote", str(staged)], workdir=self._workdir,
-                                            cpu_s=self.cpu_s, memory_mb=self.memory_mb)
-        self._proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env, cwd=self._workdir, start_new_session=True, limit=_LINE_LIMIT)
-        self._reaper = weakref.finalize(self, kill, self._proc.pid)  # no child outlives a proxy never closed
-        self._drain = asyncio.create_task(self._keep_stderr(self._proc.stderr))
+        self._child = await Child.start(["-m", "harness.remote", str(staged)], workdir=self._workdir, cpu_s=self.cpu_s,
+                                        memory_mb=self.memory_mb, owner=self)
         ready = await self._receive(hook, max(self.timeout_s, STARTUP_S))
         if ready.get("op") != "ready":
             raise HookError(f"{self._where}: the bundle does not load in the sandbox: {self._shown(str(ready.get('error', ready)))}")
 
-    async def _keep_stderr(self, stream: asyncio.StreamReader) -> None:
-        while chunk := await stream.read(4096):
-            self._stderr = (self._stderr + chunk)[-4000:]
-
     async def _send(self, hook: str, message: dict) -> None:
         try:
-            self._proc.stdin.write(json.dumps(message).encode() + b"\n")
-            await asyncio.wait_for(self._proc.stdin.drain(), self.timeout_s)
-        except (BrokenPipeError, ConnectionResetError):
-            raise HookError(f"{self._where}.{hook}: {await self._death()}") from None
-        except TimeoutError:
-            raise HookError(f"{self._where}.{hook}: the sandboxed child stopped reading") from None
+            await self._child.send(message, self.timeout_s)
+        except ChildError as exc:
+            raise HookError(f"{self._where}.{hook}: {self._shown(str(exc))}") from None
 
     async def _receive(self, hook: str, timeout_s: float | None = None) -> dict:
-        timeout_s = timeout_s or self.timeout_s
         try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), timeout_s)
-        except TimeoutError:
-            raise HookError(f"{self._where}.{hook}: did not finish within {timeout_s:g}s") from None
-        except (ValueError, asyncio.LimitOverrunError):
-            raise HookError(f"{self._where}.{hook}: sent a reply over {_LINE_LIMIT >> 20} MB") from None
-        if not line:
-            raise HookError(f"{self._where}.{hook}: {await self._death()}")
-        try:
-            reply = json.loads(line)
-        except json.JSONDecodeError:
-            reply = None
-        if not isinstance(reply, dict):
-            raise HookError(f"{self._where}.{hook}: the sandboxed child sent garbage: {line[:200]!r}")
-        return reply
-
-    async def _death(self) -> str:
-        try:
-            code = await asyncio.wait_for(self._proc.wait(), 5)
-        except TimeoutError:
-            code = None
-        if self._drain is not None:
-            await asyncio.wait([self._drain], timeout=1)
-        why = f"killed by signal {-code} (a CPU, memory or process limit?)" if code is not None and code < 0 else f"exited ({code})"
-        tail = self._shown(self._stderr.decode(errors="replace").strip())
-        return f"the sandboxed child {why}" + (f": {tail[-1500:]}" if tail else "")
+            return await self._child.receive(timeout_s or self.timeout_s)
+        except ChildError as exc:
+            raise HookError(f"{self._where}.{hook}: {self._shown(str(exc))}") from None
 
     def _shown(self, text: str) -> str:
         """`text` naming the bundle where it is, not where the child sees its copy."""

@@ -14,6 +14,7 @@ unavailable the jail falls back to `unshare -n`, then to limits only;
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import functools
 import json
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Literal
 
@@ -101,6 +103,81 @@ def run_sandboxed(args: list[str], *, timeout_s: float = 30, memory_mb: int = 10
         finally:
             kill(proc.pid)
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+class ChildError(RuntimeError):
+    """A sandboxed child died, hung, stopped reading or broke the JSON-lines protocol."""
+
+
+class Child:
+    """A sandboxed child that speaks JSON lines on its stdin and stdout. The
+    last few kilobytes of its stderr are kept to say why it died; it is killed,
+    with everything it started, by `close` or when its owner is collected."""
+
+    LINE_LIMIT = 64 << 20
+
+    def __init__(self, proc: asyncio.subprocess.Process, owner: object):
+        self.proc = proc
+        self.stderr = b""
+        self._reaper = weakref.finalize(owner, kill, proc.pid)
+        self._drain = asyncio.create_task(self._keep_stderr())
+
+    @classmethod
+    async def start(cls, args: list[str], *, workdir: Path, cpu_s: int, memory_mb: int, owner: object) -> Child:
+        """`python *args` started in the sandbox, with `workdir` as its home."""
+        argv, env = await asyncio.to_thread(sandbox_command, args, workdir=workdir, cpu_s=cpu_s, memory_mb=memory_mb)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=env, cwd=workdir, start_new_session=True, limit=cls.LINE_LIMIT)
+        return cls(proc, owner)
+
+    async def send(self, message: dict, timeout_s: float) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            await asyncio.wait_for(self.proc.stdin.drain(), timeout_s)
+        except (BrokenPipeError, ConnectionResetError):
+            raise ChildError(await self.death()) from None
+        except TimeoutError:
+            raise ChildError("the sandboxed child stopped reading") from None
+
+    async def receive(self, timeout_s: float) -> dict:
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s)
+        except TimeoutError:
+            raise ChildError(f"did not finish within {timeout_s:g}s") from None
+        except (ValueError, asyncio.LimitOverrunError):
+            raise ChildError(f"sent a reply over {self.LINE_LIMIT >> 20} MB") from None
+        if not line:
+            raise ChildError(await self.death())
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            reply = None
+        if not isinstance(reply, dict):
+            raise ChildError(f"the sandboxed child sent garbage: {line[:200]!r}")
+        return reply
+
+    async def death(self) -> str:
+        """Why the child is gone: its exit and the tail of its stderr."""
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), 5)
+        except TimeoutError:
+            code = None
+        await asyncio.wait([self._drain], timeout=1)
+        why = f"killed by signal {-code} (a CPU, memory or process limit?)" if code is not None and code < 0 else f"exited ({code})"
+        tail = self.stderr.decode(errors="replace").strip()
+        return f"the sandboxed child {why}" + (f": {tail[-1500:]}" if tail else "")
+
+    async def close(self) -> None:
+        self._reaper.detach()
+        kill(self.proc.pid)
+        await self.proc.wait()
+        await asyncio.wait([self._drain], timeout=1)
+        self._drain.cancel()
+
+    async def _keep_stderr(self) -> None:
+        while chunk := await self.proc.stderr.read(4096):
+            self.stderr = (self.stderr + chunk)[-4000:]
 
 
 def stage(path: Path, workdir: Path, name: str = "bundle") -> Path:

@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import weakref
 from pathlib import Path
 from typing import Any, Self
 
@@ -28,11 +27,9 @@ from envs.construct import check_task as run_task_check, stage_public, tool_prob
 from envs.runtime import EnvInstance
 from envs.spec import SpecError, load_environment
 from harness.remote import _Channel
-from harness.sandbox import kill, run_sandboxed, sandbox_command
+from harness.sandbox import Child, ChildError, run_sandboxed
 from state.construction import TaskCheck
 from state.records import Observation, TaskSpec, ToolInfo
-
-_LINE_LIMIT = 64 << 20
 
 
 class ToolSandboxError(RuntimeError):
@@ -80,26 +77,22 @@ class SandboxedTools:
     def __init__(self, directory: Path | str, *, timeout_s: float = 30, cpu_s: int = 600, memory_mb: int = 1024):
         self.directory, self.timeout_s, self.cpu_s, self.memory_mb = Path(directory), timeout_s, cpu_s, memory_mb
         self.tools: list[ToolInfo] = []
-        self._proc: asyncio.subprocess.Process | None = None
+        self._child: Child | None = None
         self._workdir: Path | None = None
-        self._stderr = bytearray()
-        self._drain: asyncio.Task | None = None
 
     async def __aenter__(self) -> Self:
         self._workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-tools-"))
         copy = await asyncio.to_thread(stage_public, self.directory, self._workdir)
-        argv, env = await asyncio.to_thread(sandbox_command, ["-m", "harness.tool_sandbox", "serve", str(copy)],
-                                            workdir=self._workdir, cpu_s=self.cpu_s, memory_mb=self.memory_mb)
-        self._proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env, cwd=self._workdir, start_new_session=True, limit=_LINE_LIMIT)
-        weakref.finalize(self, kill, self._proc.pid)  # no child outlives a server never closed
-        self._drain = asyncio.create_task(self._keep_stderr(self._proc.stderr))
         try:
-            ready = await self._receive()
+            self._child = await Child.start(["-m", "harness.tool_sandbox", "serve", str(copy)], workdir=self._workdir,
+                                            cpu_s=self.cpu_s, memory_mb=self.memory_mb, owner=self)
+            ready = await self._child.receive(self.timeout_s)
             if ready.get("op") != "ready":
                 raise ToolSandboxError(f"{self.directory}: the environment does not load in the sandbox: {ready.get('error', ready)}")
             self.tools = [ToolInfo.model_validate(t) for t in ready["tools"]]
+        except ChildError as exc:
+            await self.aclose()
+            raise ToolSandboxError(f"{self.directory}: {exc}") from None
         except BaseException:
             await self.aclose()
             raise
@@ -111,55 +104,21 @@ class SandboxedTools:
     async def call(self, name: str, args: dict[str, Any]) -> Observation:
         """One tool call; a call that crashes the child raises ToolSandboxError."""
         try:
-            self._proc.stdin.write(json.dumps({"tool": name, "args": args}).encode() + b"\n")
-            await asyncio.wait_for(self._proc.stdin.drain(), self.timeout_s)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            raise ToolSandboxError(f"{name}: {await self._death()}") from None
-        reply = await self._receive(name)
+            await self._child.send({"tool": name, "args": args}, self.timeout_s)
+            reply = await self._child.receive(self.timeout_s)
+        except ChildError as exc:
+            raise ToolSandboxError(f"{name}: {exc}") from None
         if reply.get("op") != "observation":
             raise ToolSandboxError(f"{name}({json.dumps(args)}): {reply.get('error', reply)}")
         return Observation.model_validate(reply["value"])
 
     async def aclose(self) -> None:
-        if self._proc is not None:
-            kill(self._proc.pid)
-            await self._proc.wait()
-            if self._drain is not None:
-                await asyncio.wait([self._drain], timeout=1)
-            self._proc = None
+        child, self._child = self._child, None
+        if child is not None:
+            await child.close()
         if self._workdir is not None:
             await asyncio.to_thread(shutil.rmtree, self._workdir, True)
             self._workdir = None
-
-    async def _keep_stderr(self, stream: asyncio.StreamReader) -> None:
-        while chunk := await stream.read(4096):
-            self._stderr = (self._stderr + chunk)[-4000:]
-
-    async def _receive(self, what: str = "start") -> dict:
-        try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), self.timeout_s)
-        except TimeoutError:
-            raise ToolSandboxError(f"{what}: did not finish within {self.timeout_s:g}s") from None
-        if not line:
-            raise ToolSandboxError(f"{what}: {await self._death()}")
-        try:
-            reply = json.loads(line)
-        except json.JSONDecodeError:
-            reply = None
-        if not isinstance(reply, dict):
-            raise ToolSandboxError(f"{what}: the sandboxed child sent garbage: {line[:200]!r}")
-        return reply
-
-    async def _death(self) -> str:
-        try:
-            code = await asyncio.wait_for(self._proc.wait(), 5)
-        except TimeoutError:
-            code = None
-        if self._drain is not None:
-            await asyncio.wait([self._drain], timeout=1)
-        why = f"killed by signal {-code}" if code is not None and code < 0 else f"exited ({code})"
-        tail = self._stderr.decode(errors="replace").strip()
-        return f"the sandboxed tool server {why}" + (f": {tail[-1500:]}" if tail else "")
 
 
 def _serve(channel: _Channel, directory: str) -> None:

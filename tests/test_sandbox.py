@@ -248,7 +248,7 @@ def test_sandboxed_copy_of_h0_plays_the_same_episode(tmp_path, context, monkeypa
 
     async def spy(self, hook):
         await start(self, hook)
-        started.append(self._proc.pid)
+        started.append(self._child.proc.pid)
 
     monkeypatch.setattr(SandboxedHarness, "_start", spy)
     trajectories = {}
