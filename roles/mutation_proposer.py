@@ -18,7 +18,23 @@ from prompts import render
 from roles.models import chat_model
 from state.records import Mutation, UsageRecord
 
-ROWS_SHOWN = 3
+ROWS_SHOWN = 3  # of a table the reference solution reads or writes; one row of any other
+
+
+def _params(schema: dict) -> str:
+    """A tool's parameters as `name: type`, `?` marking the optional ones."""
+    def kind(p: dict) -> str:
+        if "enum" in p:
+            return "|".join(json.dumps(v) for v in p["enum"])
+        return "|".join(t["type"] for t in p.get("anyOf", [p]) if t.get("type") not in (None, "null")) or "any"
+
+    required = set(schema.get("required", ()))
+    return ", ".join(f"{name}{'' if name in required else '?'}: {kind(p)}" for name, p in schema.get("properties", {}).items())
+
+
+def _sentence(text: str) -> str:
+    """The first sentence of a wrapped description."""
+    return " ".join(text.split()).split(". ")[0].rstrip(".") + "."
 
 
 def describe_parent(entry: Entry) -> str:
@@ -29,14 +45,14 @@ def describe_parent(entry: Entry) -> str:
     tables = []
     for t in env.tables:
         rows = env.rows.get(t.name, ())
-        shown = [r for r in rows if str(r.get(t.primary_key)) in seen][:ROWS_SHOWN] or list(rows[:ROWS_SHOWN])
+        shown = [r for r in rows if str(r.get(t.primary_key)) in seen][:ROWS_SHOWN] or list(rows[:1])
         columns = ", ".join(f"{c.name}: {c.type}{'?' if c.nullable else ''}" for c in t.columns)
         tables.append(f"- {t.name} (primary key {t.primary_key}; {len(rows)} rows): {columns}\n"
                       + "\n".join(f"    {json.dumps(r, default=str)}" for r in shown))
     instance = EnvInstance(env)
     try:
-        tools = "\n".join(f"- {t.name} ({'read' if t.read_only else 'write'}): {t.description.splitlines()[0]} "
-                          f"params {json.dumps(t.input_schema.get('properties', {}))}" for t in instance.public_tools)
+        tools = "\n".join(f"- {t.name} ({'read' if t.read_only else 'write'}): {_sentence(t.description)} "
+                          f"({_params(t.input_schema)})" for t in instance.public_tools)
     finally:
         instance.close()
     calls = "\n".join(f"- {o.tool}({json.dumps(o.args)}) -> {o.text[:500]}" for o in outcome.calls)

@@ -10,6 +10,7 @@ import yaml
 from envs.catalog import load_catalog
 from graphs import api
 from roles import scripted
+from roles.mutation_proposer import describe_parent
 from state.context import Context
 from state.evolution import Diagnosis, FailureGroup
 from state.ledger import Ledger
@@ -156,3 +157,11 @@ def test_cli_funnel_and_diagnosis_file(context, tmp_path, capsys):
     assert f"{diagnosis}: groups: Input should be a valid array" in " ".join(capsys.readouterr().err.split())
     args[args.index(str(diagnosis))] = "no-such-run"
     assert main(args) == 2 and "neither a file nor a run" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_proposer_reads_the_parent_with_its_tools_signatures_and_the_rows_the_reference_touches():
+    text = describe_parent(load_catalog(FIXTURES)[PARENT])
+    assert "- get_item (read): Returns an item's name, price and stock. (sku: string)" in text
+    assert "- reserve (write): Reserves units of an item for a customer. (sku: string, qty: integer)" in text
+    assert '{"sku": "DR-220", "name": "Cordless drill", "price": 89.0, "stock": 2}' in text
+    assert "Task (feasible here): Reserve two cordless drills" in text and "Answer: Reserved 2 cordless drills" in text
