@@ -96,11 +96,20 @@ class StopOnNegativeEvidence(Component):
 
 class SuppressDuplicateCalls(Component):
     name = "suppress_duplicate_calls"
-    summary = "answers a repeated identical tool call with the earlier result instead of running it again"
+    summary = ("answers a repeated identical tool call with the earlier result instead of running it again; "
+               "after a few repeats, tells the agent to stop calling tools and answer")
+
+    class Params(Record):
+        stop_after: int = Field(2, ge=1, description="repeats answered with the earlier result before the agent is told to answer")
 
     def before_tool_call(self, view, call):
         for o in view.observations:
             if o.tool == call.name and o.args == call.args:
+                repeats = view.memory["duplicate_calls"] = view.memory.get("duplicate_calls", 0) + 1
+                if repeats > self.params.stop_after:
+                    return Decision(action="block", message="Not run: you keep repeating calls whose results you already have. Stop calling tools "
+                                                            "and give your final answer now: what you found and, if the request cannot be "
+                                                            "completed, why.")
                 return Decision(action="block", message=f"Already called with these arguments; the result was: {o.text[:800]}")
         return None
 

@@ -65,6 +65,13 @@ def test_suppress_duplicate_calls():
     assert c.before_tool_call(view(earlier), ToolRequest(id="c3", name="get_permit", args={"id": "P-2"})) is None
 
 
+def test_suppress_duplicate_calls_tells_an_agent_stuck_in_a_loop_to_answer():
+    c, v = SuppressDuplicateCalls({"stop_after": 2}), view(obs({"id": "P-1"}))
+    messages = [c.before_tool_call(v, READ_CALL).message for _ in range(4)]
+    assert all(m.startswith("Already called") for m in messages[:2])
+    assert all("give your final answer now" in m for m in messages[2:])
+
+
 def test_check_before_commit_replans_once():
     c, v = CheckBeforeCommit(), view(obs({"id": "P-1"}))
     assert c.before_tool_call(v, READ_CALL) is None
