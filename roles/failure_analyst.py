@@ -18,6 +18,7 @@ from state.records import EpisodeRecord, UsageRecord
 
 MAX_EXAMPLES = 3
 MAX_CHARS = 600
+MAX_CALLS = 12  # of one example: the first few and the last ones; a runaway trajectory stays a few hundred tokens
 
 
 def _cut(text: str, limit: int = MAX_CHARS) -> str:
@@ -73,11 +74,26 @@ def group_failures(failures: list[FailureRecord]) -> list[tuple[FailureGroup, li
     return groups
 
 
+def _calls_shown(calls: tuple[str, ...]) -> list[str]:
+    """The calls with runs of identical ones folded, at most MAX_CALLS of them (the first third and the end)."""
+    folded: list[list] = []
+    for call in calls:
+        if folded and folded[-1][0] == call:
+            folded[-1][1] += 1
+        else:
+            folded.append([call, 1])
+    shown = [c if n == 1 else f"{c} (the same call {n} times in a row)" for c, n in folded]
+    if len(shown) <= MAX_CALLS:
+        return shown
+    head = MAX_CALLS // 3
+    return [*shown[:head], f"({len(shown) - MAX_CALLS + 1} more calls)", *shown[-(MAX_CALLS - head - 1):]]
+
+
 def describe(members: list[FailureRecord]) -> str:
     """A few members of a group as the analyst reads them."""
     parts = []
     for f in members[:MAX_EXAMPLES]:
-        calls = "\n".join(f"  - {c}" for c in f.calls) or "  (no tool calls)"
+        calls = "\n".join(f"  - {c}" for c in _calls_shown(f.calls)) or "  (no tool calls)"
         parts.append(f"Task: {f.instruction}\nSide: {'should abstain' if f.side == 'abstain' else 'should complete'}; "
                      f"ended by {f.termination}\nTool calls:\n{calls}\nFinal answer: {f.answer or '(none)'}")
     return "\n\n".join(parts)

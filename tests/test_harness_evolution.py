@@ -17,7 +17,7 @@ from harness.bundle import BUNDLES, bundle_diff, load_bundle
 from harness.check import check_bundle
 from harness.leakage import leaks
 from roles import scripted
-from roles.failure_analyst import failure_analyst, group_failures
+from roles.failure_analyst import MAX_CALLS, describe, failure_analyst, group_failures
 from roles.harness_optimizer import EditError, apply_edit, code_edit, file_tool, stage
 from roles.models import InfrastructureError
 from state.context import Context
@@ -69,6 +69,15 @@ def test_analyst_names_each_group(context):
     assert [g.cause for g in diagnosis.groups] == [CAUSE["cause"], "Other."]
     assert diagnosis.recurring[0].pair_ids == ("p2", "p3") and (diagnosis.episodes, diagnosis.failures) == (6, 3)
     assert len(usage) == 2 and {u.role for u in usage} == {"failure_analyst"}
+
+
+def test_the_analyst_reads_a_runaway_trajectory_folded_and_bounded():
+    looping = ("get(a) -> x",) * 3 + tuple(f"get({i}) -> y" for i in range(20)) + ("put(b) -> error",) * 5
+    text = describe([failure("p1", "t1").model_copy(update={"calls": looping})])
+    lines = [line for line in text.splitlines() if line.startswith("  - ")]
+    assert lines[0] == "  - get(a) -> x (the same call 3 times in a row)"
+    assert lines[4] == "  - (11 more calls)" and lines[-1] == "  - put(b) -> error (the same call 5 times in a row)"
+    assert len(lines) == MAX_CALLS
 
 
 def run_fdcr(context, rounds: int, review: bool = True) -> dict:
