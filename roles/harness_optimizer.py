@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Literal
@@ -89,13 +90,30 @@ def editable_path(staging: Path, rel: str) -> Path:
     return path
 
 
+def new_prompt_text(addition: str, shown: str) -> str:
+    """What a system-prompt addition really adds to the harness `shown` to the
+    model: without the lines it echoes from that view (the prompt, its fences,
+    the summary line), repeated lines and the `$context` placeholder, which a
+    small model copies into its paragraph."""
+    seen = {line.strip() for line in shown.splitlines() if line.strip()}
+    kept = []
+    for line in re.sub(r"\$+context\b", "", addition).splitlines():
+        key = line.strip()
+        if key in seen or key.startswith(("System prompt:", "Turn limit:")):
+            continue
+        if key:
+            seen.add(key)
+        kept.append(line.rstrip())
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).strip()
+
+
 def apply_edit(staging: Path, edit: HarnessEdit) -> list[str]:
     """Writes a structured edit into the staging bundle; notes on what was dropped."""
     notes = []
-    if edit.system_prompt_addition.strip():
-        system = staging / "prompts" / "system.md"
-        text = system.read_text()
-        addition = edit.system_prompt_addition.strip().replace("$", "$$")
+    system = staging / "prompts" / "system.md"
+    text = system.read_text()
+    addition = new_prompt_text(edit.system_prompt_addition, f"<<<\n{text}\n>>>").replace("$", "$$")  # the view describe_bundle gave
+    if addition:
         head, marker, tail = text.rpartition("$context")
         system.write_text(f"{head.rstrip()}\n\n{addition}\n\n{marker}{tail}" if marker else f"{text.rstrip()}\n\n{addition}\n")
     chosen = []

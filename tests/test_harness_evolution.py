@@ -18,7 +18,7 @@ from harness.check import check_bundle
 from harness.leakage import leaks
 from roles import scripted
 from roles.failure_analyst import MAX_CALLS, describe, failure_analyst, group_failures
-from roles.harness_optimizer import EditError, apply_edit, code_edit, file_tool, stage
+from roles.harness_optimizer import EditError, apply_edit, code_edit, describe_bundle, file_tool, new_prompt_text, stage
 from roles.models import InfrastructureError
 from state.context import Context
 from state.evolution import Diagnosis, FailureGroup, FailureRecord, HarnessEdit, LineageEntry, ModificationSpec
@@ -158,6 +158,17 @@ def test_structured_edit_writes_prompt_components_skills_and_turns(staging):
     assert bundle.prompts["system"].rstrip().endswith("Check every required fact before acting.\n\n$context".rstrip())
     assert bundle.skills == {"verify-first": "Verify first\nWhen: a required value is missing\nDo: stop and explain\n"}
     assert check_bundle(staging) == []
+
+
+def test_a_prompt_addition_loses_what_the_model_echoed_from_the_harness_view(staging):
+    shown = describe_bundle(load_bundle(staging))
+    echo = (f"{shown}\nStop when a required fact is missing; say which.\n\n$$context\n"
+            "Stop when a required fact is missing; say which.\nA fee of $5 is not a reason to stop.")
+    apply_edit(staging, HarnessEdit.model_validate({**EDIT, "system_prompt_addition": echo}))
+    system = load_bundle(staging).prompts["system"]
+    original = (BUNDLES / "H0" / "prompts" / "system.md").read_text().replace("$context", "").strip()
+    assert system == f"{original}\n\nStop when a required fact is missing; say which.\n\nA fee of $$5 is not a reason to stop.\n\n$context\n"
+    assert new_prompt_text("$context\n>>>", shown) == ""
 
 
 @pytest.mark.parametrize("components", [[], ["confirm_final_decision", "check_before_commit", "look_before_act"]])
