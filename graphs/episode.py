@@ -34,7 +34,7 @@ from envs.mcp_server import connection, memory_session
 from harness.abi import BaseHarness, EpisodeView, ToolRequest, call_hook
 from harness.bundle import load_bundle
 from harness.remote import HookError, SandboxedHarness
-from roles.journal import call_scope
+from roles.journal import call_scope, run_thread
 from roles.models import ChatModel, ContextLimitError, InfrastructureError, chat_model
 from state.context import Context, EpisodeRequest
 from state.records import Observation, ToolInfo, UsageRecord
@@ -266,8 +266,10 @@ async def environment_session(entry: Entry, side: str, catalog: str, transport: 
         yield session
 
 
-async def _journaled_as(episode_id: str, run):
-    with call_scope(f"episode:{episode_id}"):
+async def _journaled_as(scope: str | None, run):
+    if scope is None:
+        return await run
+    with call_scope(scope):
         return await run
 
 
@@ -276,6 +278,7 @@ async def run_episode(request: EpisodeRequest, context: Context, episode_id: str
     it) and the MCP session opened and closed here, in one task, around the graph run."""
     catalog = context.catalog or str(CATALOG)
     entry = entry or await asyncio.to_thread(load_entry, request.pair_id, catalog)
+    thread = run_thread()
     async with environment_session(entry, request.side, catalog, context.env_transport) as session:
         LIVE[episode_id] = Live(entry=entry, session=session)
         run = graph.ainvoke({"request": request, "episode_id": episode_id}, context=context,
@@ -283,9 +286,11 @@ async def run_episode(request: EpisodeRequest, context: Context, episode_id: str
         try:
             # A fresh contextvars context: the episode is the unit of the rollout
             # cache and must not become a checkpointed subgraph of an evaluation.
-            # Its model calls are journaled under its id, so a resumed run replays
-            # the turns an interrupted attempt already had answered.
-            return await asyncio.get_running_loop().create_task(_journaled_as(episode_id, run), context=contextvars.Context())
+            # Its model calls are journaled under the run and its id, so a resumed
+            # run replays the turns an interrupted attempt already had answered,
+            # and another run (another ledger) makes its own calls.
+            scope = f"{thread}/episode:{episode_id}" if thread else None
+            return await asyncio.get_running_loop().create_task(_journaled_as(scope, run), context=contextvars.Context())
         finally:
             live = LIVE.pop(episode_id)
             if isinstance(live.harness, SandboxedHarness):

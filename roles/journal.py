@@ -2,9 +2,9 @@
 so that a run resumed after a crash re-reads the calls it already made
 instead of asking (and paying) again.
 
-A call is named by its scope (the episode it belongs to, or else the
-checkpointed graph task that made it: thread id and checkpoint namespace,
-both stable across a resume), its request, and how many identical requests
+A call is named by its scope (the run's thread id and the episode it
+belongs to, or else the checkpointed graph task that made it: thread id and
+checkpoint namespace; all stable across a resume), its request, and how many identical requests
 its scope made before it. A resumed run asks the same questions in the same
 order, so it finds the same names; a fresh run never finds one, and calls
 outside a checkpointed run are not journaled at all. Failed calls are not
@@ -36,7 +36,7 @@ _lock = threading.Lock()
 
 @contextmanager
 def call_scope(name: str) -> Iterator[None]:
-    """Names the scope of the calls made inside (an episode: its key and attempt)."""
+    """Names the scope of the calls made inside (an episode: its run, key and attempt)."""
     token = _scope.set(name)
     try:
         yield
@@ -44,14 +44,23 @@ def call_scope(name: str) -> Iterator[None]:
         _scope.reset(token)
 
 
+def _configurable() -> dict[str, Any]:
+    try:
+        return get_config().get("configurable", {})
+    except RuntimeError:  # not inside a graph
+        return {}
+
+
+def run_thread() -> str | None:
+    """The thread id of the checkpointed run the caller is in, if any."""
+    return _configurable().get("thread_id")
+
+
 def current_scope() -> str | None:
     explicit = _scope.get()
     if explicit:
         return explicit
-    try:
-        configurable = get_config().get("configurable", {})
-    except RuntimeError:  # not inside a graph
-        return None
+    configurable = _configurable()
     thread = configurable.get("thread_id")
     return f"{thread}/{configurable.get('checkpoint_ns', '')}" if thread else None
 

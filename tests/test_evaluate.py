@@ -67,6 +67,15 @@ def test_rerun_reuses_finished_episodes(context):
     assert sorted(a["status"] for a in attempts) == ["reused", "reused"]
 
 
+def test_a_run_on_another_ledger_makes_its_own_model_calls(context, tmp_path):
+    for ledger in ("ledger.db", "other.db"):  # the same episodes, the same runs directory and call journal
+        scripted.register("agent", [shop_agent] * 5)
+        scripted.register("judge", [shop_judge] * 2)
+        _, metrics = evaluate(Context(**{**context.__dict__, "ledger": str(tmp_path / ledger)}))
+        scripted.assert_consumed()  # the second run's calls were made, not read back from the first run's journal
+        assert metrics.complete and metrics.counts["pair"] == 1
+
+
 def test_resuming_a_run_id_keeps_what_it_evaluated(context, capsys):
     scripted.register("agent", [shop_agent] * 5)
     scripted.register("judge", [shop_judge] * 2)
