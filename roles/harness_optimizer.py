@@ -90,16 +90,19 @@ def editable_path(staging: Path, rel: str) -> Path:
     return path
 
 
+NOTHING = {"none", "null", "n/a", "(none)", "empty", "(empty)"}  # what a small model writes for an empty field
+
+
 def new_prompt_text(addition: str, shown: str) -> str:
     """What a system-prompt addition really adds to the harness `shown` to the
     model: without the lines it echoes from that view (the prompt, its fences,
-    the summary line), repeated lines and the `$context` placeholder, which a
-    small model copies into its paragraph."""
+    the summary line), repeated lines, the `$context` placeholder, which a
+    small model copies into its paragraph, and "None" for nothing."""
     seen = {line.strip() for line in shown.splitlines() if line.strip()}
     kept = []
     for line in re.sub(r"\$+context\b", "", addition).splitlines():
         key = line.strip()
-        if key in seen or key.startswith(("System prompt:", "Turn limit:")):
+        if key in seen or key.startswith(("System prompt:", "Turn limit:")) or key.casefold() in NOTHING:
             continue
         if key:
             seen.add(key)

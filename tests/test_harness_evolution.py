@@ -168,7 +168,7 @@ def test_a_prompt_addition_loses_what_the_model_echoed_from_the_harness_view(sta
     system = load_bundle(staging).prompts["system"]
     original = (BUNDLES / "H0" / "prompts" / "system.md").read_text().replace("$context", "").strip()
     assert system == f"{original}\n\nStop when a required fact is missing; say which.\n\nA fee of $$5 is not a reason to stop.\n\n$context\n"
-    assert new_prompt_text("$context\n>>>", shown) == ""
+    assert new_prompt_text("$context\n>>>", shown) == "" and new_prompt_text("None", shown) == ""
 
 
 @pytest.mark.parametrize("components", [[], ["confirm_final_decision", "check_before_commit", "look_before_act"]])
