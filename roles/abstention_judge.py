@@ -1,20 +1,23 @@
 """The abstention judge: an LLM reads one final response and says whether it
 abstains, with the exact words that show it. Verdicts are cached in the
-ledger by judge model and the hash of the request and response; a quote that
-is not in the response is a malformed verdict, asked again, then an
-infrastructure error (never a grade)."""
+ledger by judge model and the hash of the request and response. A quote that
+is not in the response, or a verdict that contradicts itself, is malformed:
+the judge is told what is wrong and asked again, and after three asks it is
+an infrastructure error (never a grade)."""
 
 from __future__ import annotations
 
 import asyncio
 import re
 
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage
 
 from prompts import render
 from roles.models import InfrastructureError, chat_model
 from state.ledger import Ledger
 from state.records import JudgeVerdict, UsageRecord, content_hash
+
+ASKS = 3
 
 
 def _squash(text: str) -> str:
@@ -33,10 +36,21 @@ async def abstention_judge(instruction: str, response: str, model: str, ledger: 
     judge = chat_model(model, role="abstention_judge")
     prompt = [HumanMessage(render("abstention_judge", instruction=instruction, response=response))]
     usage: list[UsageRecord] = []
-    for _ in range(2):
+    for _ in range(ASKS):
         verdict, used = await judge.structured(prompt, JudgeVerdict)
         usage.append(used)
-        if _squash(verdict.quote) in _squash(response) and verdict.abstained == (verdict.scope != "none"):
+        problem = _problem(verdict, response)
+        if problem is None:
             await asyncio.to_thread(ledger.record_judgement, key, verdict)
             return verdict, usage
-    raise InfrastructureError("malformed", f"judge quote not found in the response: {verdict.quote!r}")
+        prompt = [*prompt, AIMessage(verdict.model_dump_json()), HumanMessage(f"{problem} Grade the reply again.")]
+    raise InfrastructureError("malformed", f"judge verdict unusable after {ASKS} asks: {problem} (quote {verdict.quote!r})")
+
+
+def _problem(verdict: JudgeVerdict, response: str) -> str | None:
+    """What makes a verdict unusable, said to the judge when it is asked again."""
+    if _squash(verdict.quote) not in _squash(response):
+        return "Your quote is not in the reply: copy a few words of the reply exactly, not your own summary."
+    if verdict.abstained != (verdict.scope != "none"):
+        return 'Your verdict contradicts itself: scope is "none" exactly when the reply does not abstain.'
+    return None

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from roles import scripted
-from roles.abstention_judge import abstention_judge
+from roles.abstention_judge import ASKS, abstention_judge
 from roles.models import InfrastructureError
 from state.ledger import Ledger
 
@@ -28,13 +28,23 @@ def test_quote_may_differ_in_markup_and_verdict_is_cached(ledger):
     scripted.assert_consumed()
 
 
-def test_invented_quote_is_asked_again_then_an_infrastructure_error(ledger):
+def test_invented_quote_is_asked_again_with_what_is_wrong_then_an_infrastructure_error(ledger):
     invented = {"abstained": True, "scope": "all", "quote": "I refuse to help", "reason": "declines"}
-    scripted.register("judge", [invented, invented])
+    scripted.register("judge", [invented] * ASKS)
     with pytest.raises(InfrastructureError) as info:
         asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
-    assert info.value.kind == "malformed"
+    assert info.value.kind == "malformed" and "Your quote is not in the reply" in str(info.value)
     scripted.assert_consumed()
+    second = scripted.calls("judge")[1].messages
+    assert second[-2].type == "ai" and "I refuse to help" in second[-2].content
+    assert second[-1].content.startswith("Your quote is not in the reply")
+
+
+def test_a_judge_told_its_quote_is_missing_can_correct_it(ledger):
+    scripted.register("judge", [{"abstained": True, "scope": "all", "quote": "The reply declines.", "reason": "declines"},
+                                {"abstained": True, "scope": "all", "quote": "I can't issue the permit", "reason": "declines"}])
+    verdict, usage = asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
+    assert verdict.quote == "I can't issue the permit" and len(usage) == 2
 
 
 def test_inconsistent_verdict_is_rejected_and_empty_response_needs_no_judge(ledger):
