@@ -3,9 +3,9 @@ so that a run resumed after a crash re-reads the calls it already made
 instead of asking (and paying) again.
 
 A call is named by its scope (the run's thread id and the episode it
-belongs to, or else the checkpointed graph task that made it: thread id and
-checkpoint namespace; all stable across a resume), its request, and how many identical requests
-its scope made before it. A resumed run asks the same questions in the same
+belongs to, or else the checkpointed graph task that made it: thread id
+and checkpoint namespace; all stable across a resume), its request, and
+how many identical requests its scope made before it. A resumed run asks the same questions in the same
 order, so it finds the same names; a fresh run never finds one, and calls
 outside a checkpointed run are not journaled at all. Failed calls are not
 kept. The journal lives in `runs/calls.db`.
