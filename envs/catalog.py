@@ -16,7 +16,8 @@ from state.records import CATEGORIES, EnvironmentSpec, PairSpec
 
 CATALOG = Path(__file__).parent / "catalog"
 MIN_PER_CATEGORY = 4
-SPLIT_SIZES = {"train": 20, "validation": 15, "bench": 25}
+SPLIT_SIZES = {"train": 20, "validation": 15, "bench": 25}  # standard-tier pairs (HERA's protocol); short ones come on top
+SHORT_CALLS = (2, 3)  # reference calls of a short-tier pair
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def _duplicate(path: Path, pair_id: str, other: Path) -> None:
 
 def catalog_problems(entries: dict[str, Entry]) -> list[str]:
     problems = []
-    splits = Counter(e.pair.split for e in entries.values())
+    splits = Counter(e.pair.split for e in entries.values() if e.pair.tier == "standard")
     for split, size in SPLIT_SIZES.items():
         if split == "bench" and splits[split] < size or split != "bench" and splits[split] != size:
             problems.append(f"split {split} has {splits[split]} pairs; expected {'at least ' if split == 'bench' else ''}{size}")
@@ -81,6 +82,12 @@ def catalog_problems(entries: dict[str, Entry]) -> list[str]:
     shared = themes["bench"] & (themes["train"] | themes["validation"])
     if shared:
         problems.append(f"bench themes also in train/validation: {sorted(shared)}")
+    for pid, e in sorted(entries.items()):
+        calls = len(e.pair.task.reference.calls)
+        if e.pair.tier == "short" and not SHORT_CALLS[0] <= calls <= SHORT_CALLS[1]:
+            problems.append(f"short-tier pair {pid} has a reference of {calls} calls; expected {SHORT_CALLS[0]}–{SHORT_CALLS[1]}")
+    short = {e.env.theme for e in entries.values() if e.pair.tier == "short"}
+    problems += [f"theme {t} has no short-tier pair" for t in sorted({e.env.theme for e in entries.values()} - short)]
     categories = Counter(e.pair.mutation.category for e in entries.values())
     problems += [
         f"category {c} has {categories[c]} pairs; expected at least {MIN_PER_CATEGORY}"

@@ -30,6 +30,7 @@ Category = Literal[
 ]
 CATEGORIES: tuple[str, ...] = Category.__args__
 Split = Literal["train", "validation", "bench"]
+Tier = Literal["short", "standard"]  # short: a reference of 2–3 calls
 Side = Literal["act", "abstain"]
 
 
@@ -219,6 +220,7 @@ class Mutation(Record):
 class PairSpec(Record):
     id: str
     split: Split
+    tier: Tier = "standard"
     environment: str
     task: TaskSpec
     mutation: Mutation
@@ -252,6 +254,13 @@ class Observation(Record):
     error_code: str | None = None
     message: str = ""
     read_only: bool = True
+    source: Literal["agent", "harness"] = "agent"  # harness: a lookup a hook made itself (`view.lookup`)
+    shown: str | None = None  # what the model was shown when the harness presented it otherwise (None: `text`)
+
+    @property
+    def seen(self) -> str:
+        """The text the model saw of this result."""
+        return self.text if self.shown is None else self.shown
 
     @property
     def visible(self) -> Any:
