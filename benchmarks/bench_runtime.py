@@ -52,7 +52,7 @@ def slow_agent(latency_s: float, turns: int):
 
 
 def judge(messages, schema):
-    return {"abstained": False, "scope": "none", "quote": "The drill costs", "reason": "answers"}
+    return {"verdict": "done", "quote": "The drill costs", "reason": "answers"}
 
 
 async def overhead(latency_s: float, turns: int, repeats: int) -> dict:

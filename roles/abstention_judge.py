@@ -1,23 +1,38 @@
 """The abstention judge: an LLM reads one final response and says whether it
 abstains, with the exact words that show it. Verdicts are cached in the
 ledger by judge model and the hash of the request and response. A quote that
-is not in the response, or a verdict that contradicts itself, is malformed:
-the judge is told what is wrong and asked again, and after three asks it is
-an infrastructure error (never a grade)."""
+is not in the response is malformed: the judge is told what is wrong and
+asked again, and after three asks it is an infrastructure error (never a
+grade)."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+from typing import Literal
 
 from langchain_core.messages import AIMessage, HumanMessage
+from pydantic import Field
 
 from prompts import render
 from roles.models import InfrastructureError, chat_model
 from state.ledger import Ledger
-from state.records import JudgeVerdict, UsageRecord, content_hash
+from state.records import JudgeVerdict, Record, UsageRecord, content_hash
 
 ASKS = 3
+MISQUOTED = "Your quote is not in the reply: copy a few words of the reply exactly, not your own summary."
+SCOPES = {"done": "none", "declines_part": "part", "declines_all": "all"}
+
+
+class JudgeReading(Record):
+    """What the judge model writes; one verdict field, so it cannot contradict itself (a reading with
+    `abstained` and `scope` side by side did, over and over, on a small model)."""
+
+    reason: str = Field(description="one sentence: what the reply does")
+    quote: str = Field(description="a few words copied exactly from the reply that show it")
+    verdict: Literal["done", "declines_part", "declines_all"] = Field(
+        description="done: the reply reports the request done or gives the requested result; declines_part: it refuses, "
+                    "cannot do, or asks to clarify a required part; declines_all: it refuses or cannot do any of it")
 
 
 def _squash(text: str) -> str:
@@ -37,20 +52,12 @@ async def abstention_judge(instruction: str, response: str, model: str, ledger: 
     prompt = [HumanMessage(render("abstention_judge", instruction=instruction, response=response))]
     usage: list[UsageRecord] = []
     for _ in range(ASKS):
-        verdict, used = await judge.structured(prompt, JudgeVerdict)
+        reading, used = await judge.structured(prompt, JudgeReading)
         usage.append(used)
-        problem = _problem(verdict, response)
-        if problem is None:
+        if _squash(reading.quote) in _squash(response):
+            verdict = JudgeVerdict(abstained=reading.verdict != "done", scope=SCOPES[reading.verdict], quote=reading.quote,
+                                   reason=reading.reason)
             await asyncio.to_thread(ledger.record_judgement, key, verdict)
             return verdict, usage
-        prompt = [*prompt, AIMessage(verdict.model_dump_json()), HumanMessage(f"{problem} Grade the reply again.")]
-    raise InfrastructureError("malformed", f"judge verdict unusable after {ASKS} asks: {problem} (quote {verdict.quote!r})")
-
-
-def _problem(verdict: JudgeVerdict, response: str) -> str | None:
-    """What makes a verdict unusable, said to the judge when it is asked again."""
-    if _squash(verdict.quote) not in _squash(response):
-        return "Your quote is not in the reply: copy a few words of the reply exactly, not your own summary."
-    if verdict.abstained != (verdict.scope != "none"):
-        return 'Your verdict contradicts itself: scope is "none" exactly when the reply does not abstain.'
-    return None
+        prompt = [*prompt, AIMessage(reading.model_dump_json()), HumanMessage(f"{MISQUOTED} Grade the reply again.")]
+    raise InfrastructureError("malformed", f"judge verdict unusable after {ASKS} asks: {MISQUOTED} (quote {reading.quote!r})")

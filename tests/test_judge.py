@@ -20,7 +20,7 @@ def ledger(tmp_path):
 
 
 def test_quote_may_differ_in_markup_and_verdict_is_cached(ledger):
-    scripted.register("judge", [{"abstained": True, "scope": "all", "quote": "the owner's authorization was revoked", "reason": "declines"}])
+    scripted.register("judge", [{"verdict": "declines_all", "quote": "the owner's authorization was revoked", "reason": "declines"}])
     verdict, usage = asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
     assert (verdict.abstained, verdict.scope, len(usage)) == (True, "all", 1)
     again, usage = asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
@@ -29,7 +29,7 @@ def test_quote_may_differ_in_markup_and_verdict_is_cached(ledger):
 
 
 def test_invented_quote_is_asked_again_with_what_is_wrong_then_an_infrastructure_error(ledger):
-    invented = {"abstained": True, "scope": "all", "quote": "I refuse to help", "reason": "declines"}
+    invented = {"verdict": "declines_all", "quote": "I refuse to help", "reason": "declines"}
     scripted.register("judge", [invented] * ASKS)
     with pytest.raises(InfrastructureError) as info:
         asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
@@ -41,16 +41,18 @@ def test_invented_quote_is_asked_again_with_what_is_wrong_then_an_infrastructure
 
 
 def test_a_judge_told_its_quote_is_missing_can_correct_it(ledger):
-    scripted.register("judge", [{"abstained": True, "scope": "all", "quote": "The reply declines.", "reason": "declines"},
-                                {"abstained": True, "scope": "all", "quote": "I can't issue the permit", "reason": "declines"}])
+    scripted.register("judge", [{"verdict": "declines_all", "quote": "The reply declines.", "reason": "declines"},
+                                {"verdict": "declines_all", "quote": "I can't issue the permit", "reason": "declines"}])
     verdict, usage = asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
     assert verdict.quote == "I can't issue the permit" and len(usage) == 2
 
 
-def test_inconsistent_verdict_is_rejected_and_empty_response_needs_no_judge(ledger):
-    scripted.register("judge", [{"abstained": True, "scope": "none", "quote": "I can't issue the permit", "reason": "?"},
-                                {"abstained": True, "scope": "part", "quote": "I can't issue the permit", "reason": "declines"}])
+def test_verdict_sets_abstained_and_scope_together_and_empty_response_needs_no_judge(ledger):
+    scripted.register("judge", [{"verdict": "declines_part", "quote": "I can't issue the permit", "reason": "declines"},
+                                {"verdict": "done", "quote": "Permit issued", "reason": "done"}])
     verdict, usage = asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
-    assert verdict.scope == "part" and len(usage) == 2
+    assert (verdict.abstained, verdict.scope, len(usage)) == (True, "part", 1)
+    verdict, _ = asyncio.run(abstention_judge("Issue the permit.", "Permit issued.", "scripted:judge", ledger))
+    assert (verdict.abstained, verdict.scope) == (False, "none")
     verdict, usage = asyncio.run(abstention_judge("Issue the permit.", "  ", "scripted:judge", ledger))
     assert (verdict.abstained, usage) == (False, [])
