@@ -54,11 +54,22 @@ class Live:
     model: ChatModel | None = None
     read_only: dict[str, bool] = field(default_factory=dict)
     harness_usage: list[UsageRecord] = field(default_factory=list)
+    pending: list[Observation] = field(default_factory=list)
 
     def drain_usage(self) -> list[UsageRecord]:
         """Usage of the hooks' own model questions since the last node."""
         used, self.harness_usage = self.harness_usage, []
         return used
+
+    def record(self, observation: Observation) -> None:
+        self.view.observations.append(observation)
+        self.pending.append(observation)
+
+    def drain(self) -> dict:
+        """The node's share of the episode record: the calls made (the agent's and the hooks' own
+        lookups, in order) and the usage of the hooks' model questions since the last node."""
+        observations, self.pending = self.pending, []
+        return {"observations": observations, "usage": self.drain_usage()}
 
 
 LIVE: dict[str, Live] = {}
@@ -117,8 +128,15 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
         live.harness_usage.append(usage)
         return answer
 
+    async def lookup(name: str, args: dict) -> Observation:
+        if not live.read_only.get(name, False):
+            raise ValueError(f"view.lookup: {name!r} is not a read-only tool of this environment")
+        observation = (await _call_tool(live, ToolRequest(id="lookup", name=name, args=dict(args)))).model_copy(update={"source": "harness"})
+        live.record(observation)
+        return observation
+
     view = EpisodeView(instruction=entry.pair.task.instruction.strip(), context=public_context(entry), tools=tools,
-                       config=bundle.config, prompts=bundle.prompts, skills=bundle.skills, ask=ask)
+                       config=bundle.config, prompts=bundle.prompts, skills=bundle.skills, ask=ask, lookup=lookup)
     # Only a built-in bundle's code runs in this process; a candidate's runs in the sandbox.
     harness = bundle.harness() if bundle.trusted else SandboxedHarness(bundle)
     live.harness, live.view, live.model = harness, view, model
@@ -127,27 +145,31 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
         await call_hook(harness.initialize, view)
         system = await call_hook(harness.compose_instructions, view)
     except HookError as exc:
-        return _harness_error(exc, messages=[], turns=0, harness_hash=bundle.hash, usage=live.drain_usage())
+        return _harness_error(exc, live, messages=[], turns=0, harness_hash=bundle.hash)
     return Command(goto="agent", update={"messages": [SystemMessage(system), HumanMessage(view.instruction)], "turns": 0,
-                                         "harness_hash": bundle.hash, "usage": live.drain_usage()})
+                                         "harness_hash": bundle.hash, **live.drain()})
 
 
 async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["tools", "finalizer", "__end__"]]:
     """One model turn; routes to `tools` on tool calls, else to `finalizer`; writes `messages`, `usage`, `turns`."""
     live = LIVE[state["episode_id"]]
+    live.view.turn = state["turns"]
     try:
         messages = await call_hook(live.harness.prepare_turn, live.view, list(state["messages"]))
     except HookError as exc:
-        return _harness_error(exc, usage=live.drain_usage())
+        return _harness_error(exc, live)
+    config = live.view.config
     try:
-        done = await live.model.complete(messages, live.view.tools, max_tokens=live.view.config.max_output_tokens,
-                                         temperature=live.view.config.temperature)
+        done = await live.model.complete(messages, live.view.tools, max_tokens=config.max_output_tokens,
+                                         temperature=config.temperature, action_mode=config.action_mode)
     except InfrastructureError as exc:
         return Command(goto=END, update={"termination": "infrastructure_error", "error": f"{exc.kind}: {exc}"})
     except ContextLimitError as exc:
-        return Command(goto=END, update={"termination": "context_limit", "error": str(exc), "answer": "", "usage": live.drain_usage()})
+        return Command(goto=END, update={"termination": "context_limit", "error": str(exc), "answer": "", **live.drain()})
     turns = state["turns"] + 1
-    update = {"messages": [done.message], "usage": [*live.drain_usage(), done.usage], "turns": turns}
+    drained = live.drain()
+    update = {"messages": [done.message], "observations": drained["observations"], "usage": [*drained["usage"], done.usage],
+              "turns": turns}
     if done.message.tool_calls:
         if turns >= turn_limit(live, runtime.context):
             return Command(goto=END, update={**update, "termination": "turn_limit", "answer": ""})
@@ -165,33 +187,30 @@ async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     live = LIVE[state["episode_id"]]
     last: AIMessage = state["messages"][-1]
     replies: list[BaseMessage] = []
-    observations: list[Observation] = []
     replan: str | None = None
     for call in last.tool_calls:
         request = ToolRequest(id=call["id"], name=call["name"], args=call.get("args") or {})
         if replan is not None:
             replies.append(ToolMessage("Not run.", tool_call_id=request.id))
             continue
+        live.view.calls += 1
         try:
             decision = await call_hook(live.harness.before_tool_call, live.view, request)
-        except HookError as exc:
-            return _harness_error(exc, messages=replies, observations=observations, usage=live.drain_usage())
-        if decision.action != "allow":
-            replies.append(ToolMessage(decision.message or "Blocked by the harness.", tool_call_id=request.id))
-            if decision.action == "replan":
-                replan = decision.message
-            continue
-        obs = await _call_tool(live, request)
-        observations.append(obs)
-        live.view.observations.append(obs)
-        try:
+            if decision.action != "allow":
+                replies.append(ToolMessage(decision.message or "Blocked by the harness.", tool_call_id=request.id))
+                if decision.action == "replan":
+                    replan = decision.message
+                continue
+            obs = await _call_tool(live, request)
+            shown = await call_hook(live.harness.present_result, live.view, request, obs)
+            live.record(obs if shown == obs.text else obs.model_copy(update={"shown": shown}))
             guidance = await call_hook(live.harness.after_tool_result, live.view, request, obs)
         except HookError as exc:
-            return _harness_error(exc, messages=replies, observations=observations, usage=live.drain_usage())
-        replies.append(ToolMessage(obs.text + (f"\n\n{guidance}" if guidance else ""), tool_call_id=request.id))
+            return _harness_error(exc, live, messages=replies)
+        replies.append(ToolMessage(shown + (f"\n\n{guidance}" if guidance else ""), tool_call_id=request.id))
     if replan:
         replies.append(HumanMessage(replan))
-    return Command(goto="agent", update={"messages": replies, "observations": observations, "usage": live.drain_usage()})
+    return Command(goto="agent", update={"messages": replies, **live.drain()})
 
 
 async def _call_tool(live: Live, request: ToolRequest) -> Observation:
@@ -216,18 +235,18 @@ async def finalizer(state: EpisodeState, runtime: Runtime[Context]) -> Command[L
     try:
         final = await call_hook(live.harness.finalize, live.view, answer)
     except HookError as exc:
-        return _harness_error(exc, usage=live.drain_usage())
-    usage = live.drain_usage()
+        return _harness_error(exc, live)
+    drained = live.drain()
     if final.action == "revise" and state["turns"] < turn_limit(live, runtime.context):
-        return Command(goto="agent", update={"messages": [HumanMessage(final.text)], "usage": usage})
+        return Command(goto="agent", update={"messages": [HumanMessage(final.text)], **drained})
     if final.action in ("replace", "abstain"):
         answer = final.text
-    return Command(goto=END, update={"answer": answer, "termination": "final_answer", "usage": usage})
+    return Command(goto=END, update={"answer": answer, "termination": "final_answer", **drained})
 
 
-def _harness_error(exc: HookError, **update) -> Command:
+def _harness_error(exc: HookError, live: Live, **update) -> Command:
     """Ends the episode on a sandboxed hook's failure: the candidate's fault, so it is scored, not re-run."""
-    return Command(goto=END, update={**update, "termination": "harness_error", "error": str(exc), "answer": ""})
+    return Command(goto=END, update={**update, **live.drain(), "termination": "harness_error", "error": str(exc), "answer": ""})
 
 
 def _text(message: BaseMessage) -> str:

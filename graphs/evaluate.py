@@ -1,7 +1,8 @@
 """The `evaluate` graph: a harness on both sides of pairs, graded and scored.
 
-`planner` checks the bundle in the sandbox and the pairs; `fan_out_episodes`
-sends one `EpisodeTask` per pair × side × trial to `episode_worker`, which
+`planner` checks the bundle in the sandbox and the pairs, and orders the pairs
+by environment; `fan_out_episodes` sends one `EpisodeTask` per pair × side ×
+trial, in that order, to `episode_worker`, which
 reuses a finished episode from the rollout cache (the ledger) or runs, grades
 and stores it, re-running infrastructure errors; `scorer` computes the
 metrics. Concurrency is bounded by the caller's `max_concurrency`.
@@ -51,6 +52,8 @@ class EvaluateOutput(TypedDict, total=False):
 
 class EvaluateState(EvaluateInput, EvaluateOutput, total=False):
     results: Annotated[dict[str, EpisodeRecord], merge]
+    order: list[str]  # the pairs grouped by environment, the order episodes run in
+    tiers: dict[str, str]  # pair id -> tier, for the scores by tier
 
 
 class EpisodeTask(TypedDict):
@@ -64,16 +67,18 @@ async def planner(state: EvaluateState, runtime: Runtime[Context]) -> dict:
     if problems:
         raise ValueError("the bundle fails its checks: " + "; ".join(problems))
     catalog = runtime.context.catalog or str(CATALOG)
-    for pair_id in state["pair_ids"]:
-        await asyncio.to_thread(load_entry, pair_id, catalog)
+    entries = {p: await asyncio.to_thread(load_entry, p, catalog) for p in state["pair_ids"]}
+    envs = {p: e.env.id for p, e in entries.items()}
     bundle = await asyncio.to_thread(load_bundle, state["bundle"])
     ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
     await asyncio.to_thread(
         ledger.record_run, state["run_id"], bundle=bundle.id, harness_hash=bundle.hash,
         model=runtime.context.agent_model, judge=runtime.context.judge_model, pairs=state["pair_ids"], trials=state["trials"],
-        seed=state["seed"], bundle_ref=state["bundle"],
+        seed=state["seed"], bundle_ref=state["bundle"], tiers={p: e.pair.tier for p, e in entries.items()},
     )
-    return {}
+    # Episodes of one environment back to back: they share the prompt prefix a local server keeps cached.
+    return {"order": sorted(state["pair_ids"], key=lambda p: (envs[p], state["pair_ids"].index(p))),
+            "tiers": {p: e.pair.tier for p, e in entries.items()}}
 
 
 _passed: set[str] = set()
@@ -98,7 +103,7 @@ def fan_out_episodes(state: EvaluateState) -> list[Send]:
     return [
         Send("episode_worker", EpisodeTask(run_id=state["run_id"], request=EpisodeRequest(
             pair_id=p, side=side, bundle=state["bundle"], seed=state["seed"], trial=t)))
-        for p in state["pair_ids"] for t in range(state["trials"]) for side in state.get("sides") or ("act", "abstain")
+        for p in state.get("order") or state["pair_ids"] for t in range(state["trials"]) for side in state.get("sides") or ("act", "abstain")
     ]
 
 
@@ -145,7 +150,8 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
     if out.get("termination") == "infrastructure_error":
         return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=out.get("error", ""))
     try:
-        facts = await asyncio.to_thread(deterministic_grade, entry, request.side, trajectory["observations"], trajectory["answer"])
+        facts = await asyncio.to_thread(deterministic_grade, entry, request.side, trajectory["observations"], trajectory["answer"],
+                                        trajectory["messages"])
         verdict, judge_usage = await _judge(entry.pair.task.instruction.strip(), trajectory["answer"], ctx, ledger)
     except (InfrastructureError, ReplayMismatch) as exc:
         return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=f"grading: {exc}")
@@ -170,7 +176,7 @@ async def _judge(instruction: str, answer: str, ctx: Context, ledger: Ledger):
 
 async def scorer(state: EvaluateState, runtime: Runtime[Context]) -> dict:
     """Scores the finished episodes; writes `metrics` and records them with the run."""
-    metrics = score(list(state.get("results", {}).values()), state["pair_ids"], state["trials"])
+    metrics = score(list(state.get("results", {}).values()), state["pair_ids"], state["trials"], tiers=state.get("tiers"))
     ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
     await asyncio.to_thread(ledger.record_run, state["run_id"], metrics=metrics.model_dump())
     return {"metrics": metrics}

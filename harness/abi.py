@@ -4,13 +4,15 @@ A bundle's `hooks.py` defines `class Harness(BaseHarness)` and overrides any
 of the hooks below. The runtime calls, per episode:
 
     initialize -> compose_instructions ->
-    [prepare_turn -> model turn -> before_tool_call -> tool -> after_tool_result]* ->
+    [prepare_turn -> model turn -> before_tool_call -> tool -> present_result, after_tool_result]* ->
     finalize
 
 A harness sees only public things: the instruction, the public context of
 the environment (its description and policy), the public tool schemas and
 the observations. Hooks may be plain or `async` functions; `view.ask` lets a
-hook put one structured question to the episode's model.
+hook put one structured question to the episode's model, and `view.lookup`
+lets it call one of the environment's read-only tools itself (recorded with
+the episode's calls; a state-changing tool is refused).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ class HarnessConfig(Record):
     max_turns: int = 30
     max_output_tokens: int = 8192
     temperature: float | None = None  # None: the model's own default sampling
+    # text: the model writes calls as it likes (several a turn); structured: each turn is constrained to
+    # exactly one tool call or a final answer (a JSON-schema response format over the public tools)
+    action_mode: Literal["text", "structured"] = "text"
 
 
 class ToolRequest(Record):
@@ -65,6 +70,9 @@ class EpisodeView:
     observations: list[Observation] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)
     ask: Callable[[list[BaseMessage], type[BaseModel]], Awaitable[BaseModel]] | None = None
+    lookup: Callable[[str, dict[str, Any]], Awaitable[Observation]] | None = None
+    turn: int = 0  # model turns so far
+    calls: int = 0  # tool calls the model has asked for so far, run or not
 
 
 class BaseHarness:
@@ -85,6 +93,10 @@ class BaseHarness:
     def before_tool_call(self, view: EpisodeView, call: ToolRequest) -> Decision:
         return Decision()
 
+    def present_result(self, view: EpisodeView, call: ToolRequest, observation: Observation) -> str:
+        """The text the model is shown of a result; grading always reads the whole observation."""
+        return observation.text
+
     def after_tool_result(self, view: EpisodeView, call: ToolRequest, observation: Observation) -> str | None:
         return None
 
@@ -98,4 +110,4 @@ async def call_hook(fn, *args):
     return await result if inspect.isawaitable(result) else result
 
 
-HOOKS = ("initialize", "compose_instructions", "prepare_turn", "before_tool_call", "after_tool_result", "finalize")
+HOOKS = ("initialize", "compose_instructions", "prepare_turn", "before_tool_call", "present_result", "after_tool_result", "finalize")

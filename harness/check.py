@@ -57,6 +57,12 @@ async def _ask(messages: list[BaseMessage], schema: type[BaseModel]) -> BaseMode
     return placeholder(schema)
 
 
+async def _lookup(tool: str, args: dict) -> Observation:
+    if tool != _TOOL.name:
+        raise ValueError(f"view.lookup: {tool!r} is not a read-only tool of this environment")
+    return Observation(tool=tool, args=args, ok=True, output={"id": "R-1"}, source="harness")
+
+
 
 async def drive(bundle_dir: str) -> list[str]:
     """Run each hook once and check what it returns; the problems found."""
@@ -66,7 +72,7 @@ async def drive(bundle_dir: str) -> list[str]:
     except SpecError as exc:
         return [str(exc)]
     view = EpisodeView(instruction="Look up record R-1.", context="A test environment.", tools=[_TOOL],
-                       config=bundle.config, prompts=bundle.prompts, skills=bundle.skills, ask=_ask)
+                       config=bundle.config, prompts=bundle.prompts, skills=bundle.skills, ask=_ask, lookup=_lookup)
     call = ToolRequest(id="call_1", name="lookup", args={"id": "R-1"})
     obs = Observation(tool="lookup", args={"id": "R-1"}, ok=True, output={"id": "R-1"})
     checks = [
@@ -74,6 +80,7 @@ async def drive(bundle_dir: str) -> list[str]:
         ("compose_instructions", (view,), str),
         ("prepare_turn", (view, [HumanMessage("Look up record R-1.")]), list),
         ("before_tool_call", (view, call), Decision),
+        ("present_result", (view, call, obs), str),
         ("after_tool_result", (view, call, obs), (str, type(None))),
         ("finalize", (view, "Record R-1 exists."), Final),
     ]

@@ -11,13 +11,14 @@ the first component that blocks a call or overrides a final answer wins.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, ClassVar, Literal
 
 from langchain_core.messages import HumanMessage
 from pydantic import Field
 
 from harness.abi import BaseHarness, Decision, EpisodeView, Final, ToolRequest, call_hook
-from state.records import Observation, Record
+from state.records import Observation, Record, ToolInfo
 
 NEGATIVE_MARKERS = ("unavailable", "revoked", "expired", "suspended", "withdrawn", "unauthorized", "not authorized",
                     "denied", "conflict", "outage", "stale", "superseded", "out of service", "no longer")
@@ -37,10 +38,20 @@ class Component:
     def __init__(self, params: dict[str, Any] | None = None):
         self.params = self.Params.model_validate(params or {})
 
+    def initialize(self, view: EpisodeView) -> None:
+        """Before the first turn; may be `async` (and may then use `view.lookup`) and may add to `view.instruction`."""
+        return None
+
     def instructions(self, view: EpisodeView) -> str:
+        """Text for the system prompt; may be `async` (and may then use `view.lookup`)."""
         return ""
 
     def before_tool_call(self, view: EpisodeView, call: ToolRequest) -> Decision | None:
+        """May be `async` (and may then use `view.lookup`)."""
+        return None
+
+    def present(self, view: EpisodeView, call: ToolRequest, observation: Observation) -> str | None:
+        """The text the model is shown of a result instead of the whole of it."""
         return None
 
     def after_tool_result(self, view: EpisodeView, call: ToolRequest, observation: Observation) -> str | None:
@@ -193,9 +204,309 @@ class ConfirmFinalDecision(Component):
         return None
 
 
+# What a record key looks like: letters and digits (at least one digit), maybe dashes; not a date or a time.
+KEY_SHAPE = re.compile(r"^(?=[^ ]*\d)[A-Za-z0-9][A-Za-z0-9\-_./:#]{2,}$")
+KEY_FIELD = re.compile(r"(^id$|_id$|_ids$|_code$|_number$|_no$|_ref$|^sku$|_key$)", re.IGNORECASE)
+NOT_A_KEY = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[T ][\d:.]+Z?)?$|^\d{1,2}:\d{2}(?::\d{2})?$|^-?\d+(?:\.\d+)?$")
+
+
+def _read_tools(view: EpisodeView) -> list[ToolInfo]:
+    return [t for t in view.tools if t.read_only]
+
+
+def _tools_carrying(view: EpisodeView, field: str) -> list[str]:
+    """The read-only tools whose description names `field` (or what it identifies), else the ones that do not need it."""
+    stem = re.sub(KEY_FIELD, "", field) or field
+    named = [t.name for t in _read_tools(view) if field in t.description or stem.replace("_", " ") in t.description.casefold()]
+    return named or [t.name for t in _read_tools(view) if field not in t.input_schema.get("required", ())]
+
+
+def _identifiers(call: ToolRequest, tool: ToolInfo | None) -> list[tuple[str, str]]:
+    """The (field, value) pairs of a call that name a record: a key-shaped value, or any value of a key-named field."""
+    properties = (tool.input_schema.get("properties", {}) if tool else {})
+    found = []
+    for field, value in call.args.items():
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (str, int)) or "enum" in properties.get(field, {}):
+                continue
+            text = str(v).strip()
+            if not text or NOT_A_KEY.match(text) and not KEY_FIELD.search(field):
+                continue
+            if KEY_SHAPE.match(text) or KEY_FIELD.search(field):
+                found.append((field, text))
+    return found
+
+
+def _mentioned(value: str, text: str) -> bool:
+    return re.search(r"(?<![A-Za-z0-9])" + re.escape(value.casefold()) + r"(?![A-Za-z0-9])", text) is not None
+
+
+class GroundIdentifiers(Component):
+    name = "ground_identifiers"
+    summary = ("does not run a call whose identifier appears nowhere in the request, the tool descriptions or an earlier "
+               "result (a guessed id); names the read-only tools that can find it")
+
+    def before_tool_call(self, view, call):
+        tool = next((t for t in view.tools if t.name == call.name), None)
+        ids = _identifiers(call, tool)
+        if not ids:
+            return None
+        known = "\n".join([view.instruction, view.context, *(f"{t.name} {t.description}" for t in view.tools),
+                           *(o.text for o in view.observations)]).casefold()
+        unseen = [(f, v) for f, v in ids if not _mentioned(v, known)]
+        if not unseen:
+            return None
+        field, value = unseen[0]
+        tools = ", ".join(_tools_carrying(view, field)) or "the read-only tools"
+        return Decision(action="block", message=f"Not run: {field}={value!r} appears nowhere in the request or in any result so far, "
+                                                f"so it would be a guess. Find the real value first, with {tools}.")
+
+
+class ReadBeforeWrite(Component):
+    name = "read_before_write"
+    summary = ("before a state-changing call on a record nobody has read yet, reads it with the read-only tool that takes "
+               "its id and shows the agent the result first")
+
+    async def before_tool_call(self, view, call):
+        if call.name not in _writes(view) or view.lookup is None:
+            return None
+        for field, value in _identifiers(call, next((t for t in view.tools if t.name == call.name), None)):
+            readers = detail_tools(view, field)
+            if not readers or any(o.tool in {t.name for t in readers} and str(o.args.get(field)) == value for o in view.observations):
+                continue
+            o = await view.lookup(readers[0].name, {field: value})
+            shown = json.dumps(_compact(o.visible, 5)[0], ensure_ascii=False, default=str)
+            return Decision(action="block", message=f"Not run yet: first check the record it changes. {readers[0].name}({field}={value!r}) "
+                                                    f"returned: {shown}\nIf nothing in it blocks the change, call {call.name} again with "
+                                                    "the same arguments now. If something blocks it, give your final answer: what and why.")
+        return None
+
+
+class OneWritePerTurn(Component):
+    name = "one_write_per_turn"
+    summary = "runs at most one state-changing call per model turn; the others wait until the agent has seen its result"
+
+    def before_tool_call(self, view, call):
+        if call.name not in _writes(view):
+            return None
+        if view.memory.get("write_turn") == view.turn:
+            return Decision(action="block", message="Not run: one change at a time. Read the result of the change you just made, then decide on the next.")
+        view.memory["write_turn"] = view.turn
+        return None
+
+
+class RefuseFailedRepeat(Component):
+    name = "refuse_failed_repeat"
+    summary = "does not rerun a call that just failed with the same arguments; restates the error and names tools that could resolve it"
+
+    def before_tool_call(self, view, call):
+        last = next((o for o in reversed(view.observations) if o.source == "agent"), None)
+        if last is None or last.ok or last.tool != call.name or last.args != call.args:
+            return None
+        tools = ", ".join(t.name for t in _read_tools(view) if t.name != call.name) or "the read-only tools"
+        return Decision(action="block", message=f"Not run: this exact call just failed ({last.error_code}: {last.message}). It would fail "
+                                                f"again. Change the arguments using what {tools} return, or explain in your answer why it cannot be done.")
+
+
+def _compact(value: Any, rows: int) -> tuple[Any, bool]:
+    """`value` without empty strings, lists and objects, and with lists cut to `rows` items plus a count of the rest.
+    Nulls stay: a value that is absent is information."""
+    if isinstance(value, dict):
+        out, cut = {}, False
+        for k, v in value.items():
+            if v == "" or v == [] or v == {}:
+                cut = True
+                continue
+            out[k], more = _compact(v, rows)
+            cut |= more
+        return out, cut
+    if isinstance(value, list):
+        items = [_compact(v, rows) for v in value[:rows]]
+        out = [v for v, _ in items]
+        if len(value) > rows:
+            out.append(f"... {len(value) - rows} more; narrow the search to see them")
+        return out, len(value) > rows or any(more for _, more in items)
+    return value, False
+
+
+class CompactObservations(Component):
+    name = "compact_observations"
+    summary = "shows long results compactly (the first rows, a count of the rest, empty fields dropped); the full result is kept"
+
+    class Params(Record):
+        min_chars: int = Field(1200, ge=0, description="results shorter than this are shown whole")
+        rows: int = Field(5, ge=1, description="list items shown")
+
+    def present(self, view, call, observation):
+        if not observation.ok or len(observation.text) < self.params.min_chars:
+            return None
+        compact, cut = _compact(observation.output, self.params.rows)
+        return json.dumps(compact, ensure_ascii=False, default=str) if cut else None
+
+
+CAPITALISED = re.compile(r"\b[A-Z][\w'’&-]*(?:(?:\s+(?:of|de|la|van|von|and|&|for|to))*\s+[A-Z][\w'’&-]*)*")
+QUOTED = re.compile(r"[\"“]([^\"”]{3,60})[\"”]|(?<!\w)'([^']{3,60})'(?!\w)")
+COMMON = frozenset("""a an the i i'm i've we we're you he she it they my our your his her their this that these those please
+can could would will should may might must do does did is are was were be been am has have had not no yes if then when where
+which who whom what why how also and or but so for to of in on at by with from as hi hello thanks thank dear monday tuesday
+wednesday thursday friday saturday sunday january february march april may june july august september october november
+december today tomorrow yesterday morning afternoon evening spring summer fall autumn winter dr mr mrs ms prof""".split())
+
+
+def _term(text: str) -> str:
+    """`text` without possessives, surrounding punctuation and leading common words."""
+    words = [re.sub(r"['’]s$", "", w.strip(" .,;:!?()'\"“”")) for w in text.split()]
+    while words and words[0].casefold() in COMMON:
+        words.pop(0)
+    return " ".join(w for w in words if w)
+
+
+def request_terms(instruction: str, limit: int = 6) -> list[str]:
+    """What a request names that a search could find: quoted text, record keys and capitalised phrases, in order."""
+    terms: list[str] = []
+    found = [m.group(1) or m.group(2) for m in QUOTED.finditer(instruction)]
+    found += [t for t in re.findall(r"[A-Za-z0-9][\w\-/#]*[A-Za-z0-9]", instruction) if KEY_SHAPE.match(t) and not NOT_A_KEY.match(t)]
+    found += [m.group(0) for m in CAPITALISED.finditer(instruction)]
+    for raw in found:
+        term = _term(raw)
+        if len(term) >= 3 and term.casefold() not in (t.casefold() for t in terms):
+            terms.append(term)
+    return terms[:limit]
+
+
+SEARCH_ARGS = ("query", "name", "q", "search", "text", "keyword", "keywords", "term")
+
+
+def search_tools(view: EpisodeView) -> list[tuple[ToolInfo, str]]:
+    """Read-only tools that search by free text and need nothing else: (tool, its text argument)."""
+    found = []
+    for t in _read_tools(view):
+        props = t.input_schema.get("properties", {})
+        required = set(t.input_schema.get("required", ()))
+        text = [k for k, v in props.items() if k in SEARCH_ARGS and v.get("type", "string") == "string" and "enum" not in v]
+        if text and required <= {text[0]}:
+            found.append((t, text[0]))
+    return found
+
+
+def _nonempty(output: Any) -> bool:
+    if isinstance(output, dict):
+        return any(_nonempty(v) for v in output.values())
+    return output not in (None, [], {}, "")
+
+
+def _keys(output: Any) -> list[tuple[str, str]]:
+    """The (field, value) record keys in a result, in order: what a detail lookup can take."""
+    if isinstance(output, list):
+        return [k for item in output for k in _keys(item)]
+    if not isinstance(output, dict):
+        return []
+    found = [(f, str(v)) for f, v in output.items() if KEY_FIELD.search(f) and isinstance(v, (str, int)) and not isinstance(v, bool)]
+    return found + [k for v in output.values() if isinstance(v, list) for k in _keys(v)]
+
+
+def detail_tools(view: EpisodeView, field: str, named_only: bool = True) -> list[ToolInfo]:
+    """Read-only tools that need nothing but `field`: the ones named after what it identifies (get_student_record for
+    student_id) first, then, unless `named_only`, the others (get_leave for employee_id)."""
+    stem = KEY_FIELD.sub("", field).casefold()
+    takers = [t for t in _read_tools(view) if field in t.input_schema.get("properties", {})
+              and set(t.input_schema.get("required", ())) <= {field}]
+    named = [t for t in takers if stem and stem in t.name.casefold()]
+    return named if named_only else named + [t for t in takers if t not in named]
+
+
+class ResolveNamedEntities(Component):
+    name = "resolve_named_entities"
+    summary = ("before the first turn, looks up what the request names (people, records, codes) with the search tools, "
+               "reads the records found, and puts them in front of the agent with the request")
+
+    class Params(Record):
+        max_lookups: int = Field(10, ge=1, le=30)
+        max_details: int = Field(4, ge=0, le=12)
+        rows: int = Field(5, ge=1)
+
+    async def initialize(self, view):
+        if view.lookup is None:
+            return
+        found, made, keys = [], 0, []
+        for term in request_terms(view.instruction):
+            for tool, arg in search_tools(view):
+                if made >= self.params.max_lookups:
+                    break
+                made += 1
+                o = await view.lookup(tool.name, {arg: term})
+                if o.ok and _nonempty(o.output):
+                    found.append(o)
+                    keys += [k for k in _keys(o.output) if k not in keys]
+        details = 0
+        for field, value in keys:
+            for reader in detail_tools(view, field, named_only=False):
+                if details >= self.params.max_details:
+                    break
+                details += 1
+                o = await view.lookup(reader.name, {field: value})
+                if not o.ok or _nonempty(o.output):  # a record's reader failing is news too (a tool down, access refused)
+                    found.append(o)
+        if found:
+            lines = [f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}) -> "
+                     f"{json.dumps(_compact(o.visible, self.params.rows)[0], ensure_ascii=False, default=str)}"
+                     + (f" ({len(o.output)} records match: make sure which one the request means)"
+                        if isinstance(o.output, list) and len(o.output) > 1 else "") for o in found]
+            view.instruction += ("\n\n(Looked up before you started, for what the request names; use the exact ids, and look "
+                                 "up anything else you need:)\n" + "\n".join(lines))
+
+
+class ReaskUnparsedCalls(Component):
+    name = "reask_unparsed_calls"
+    summary = "when a reply names a tool but holds no call that could be run, asks again instead of taking it as the final answer"
+
+    class Params(Record):
+        max_asks: int = Field(2, ge=1)
+
+    async def finalize(self, view, answer):
+        named = [t.name for t in view.tools if re.search(rf"(?<![\w.]){re.escape(t.name)}(?!\w)", answer)]
+        asked = view.memory.get("reasked", 0)
+        if not named or asked >= self.params.max_asks:
+            return None
+        view.memory["reasked"] = asked + 1
+        return Final(action="revise", text=f"Your reply mentions {named[0]} but holds no call I could run, so nothing was done. "
+                                           f'To call a tool, reply with only {{"name": "{named[0]}", "arguments": {{...}}}}. '
+                                           "If you are finished, reply with your final answer in plain text, without tool names.")
+
+
+class CallBeforeAnswering(Component):
+    name = "call_before_answering"
+    summary = "a final answer given before the agent has called any tool is sent back once: look the facts up first"
+
+    async def finalize(self, view, answer):
+        if view.calls or view.memory.get("sent_back_unlooked"):
+            return None
+        view.memory["sent_back_unlooked"] = True
+        return Final(action="revise", text="You have not called any tool yet, so nothing is checked or done. Call the tool you "
+                                           "need next; answer only from what the results show.")
+
+
+class CheckChangeMade(Component):
+    name = "check_change_made"
+    summary = ("when the agent answers without any state-changing call having succeeded, asks it once whether the request "
+               "needed a change it has not made yet")
+
+    async def finalize(self, view, answer):
+        if not _writes(view) or _committed(view) or view.memory.get("asked_change_made"):
+            return None
+        view.memory["asked_change_made"] = True
+        changes = ", ".join(sorted(_writes(view)))
+        return Final(action="revise", text=f"Nothing has been changed yet: no call of a tool that makes changes ({changes}) has "
+                                           "succeeded. If the request asks for a change and nothing you found blocks it, make "
+                                           "that call now. If it only asks for information, or something blocks the change, "
+                                           "give your final answer again.")
+
+
 LIBRARY: dict[str, type[Component]] = {c.name: c for c in (
     LookBeforeAct, StopOnNegativeEvidence, SuppressDuplicateCalls, CheckBeforeCommit, FlagMultipleMatches,
-    CheckRelatedAuthorization, ConfirmFinalDecision,
+    CheckRelatedAuthorization, ConfirmFinalDecision, GroundIdentifiers, OneWritePerTurn, RefuseFailedRepeat,
+    CompactObservations, ResolveNamedEntities, ReaskUnparsedCalls, ReadBeforeWrite, CallBeforeAnswering, CheckChangeMade,
 )}
 ComponentName = Literal[tuple(LIBRARY)]  # type: ignore[valid-type]
 
@@ -213,9 +524,13 @@ class Stack(BaseHarness):
 
     async def initialize(self, view):
         await call_hook(self.inner.initialize, view)
+        for c in self.components:
+            await call_hook(c.initialize, view)
 
     async def compose_instructions(self, view):
-        parts = [await call_hook(self.inner.compose_instructions, view), *(c.instructions(view) for c in self.components)]
+        parts = [await call_hook(self.inner.compose_instructions, view)]
+        for c in self.components:
+            parts.append(await call_hook(c.instructions, view))
         return "\n\n".join(p for p in parts if p)
 
     async def prepare_turn(self, view, messages):
@@ -223,10 +538,17 @@ class Stack(BaseHarness):
 
     async def before_tool_call(self, view, call):
         for c in self.components:
-            decision = c.before_tool_call(view, call)
+            decision = await call_hook(c.before_tool_call, view, call)
             if decision is not None:
                 return decision
         return await call_hook(self.inner.before_tool_call, view, call)
+
+    async def present_result(self, view, call, observation):
+        for c in self.components:
+            shown = c.present(view, call, observation)
+            if shown is not None:
+                return shown
+        return await call_hook(self.inner.present_result, view, call, observation)
 
     async def after_tool_result(self, view, call, observation):
         notes = [await call_hook(self.inner.after_tool_result, view, call, observation),

@@ -13,12 +13,15 @@ observations appended since the last one, and each reply the public fields
 JSON schema and its class name; the parent asks its model with a stand-in
 class that shows the model that exact schema and validates the reply against
 it (`answer_schema`), and the child validates the answer again with the real
-class. A hook that raises, answers garbage, dies (a resource limit) or takes
+class. `view.lookup(tool, args)` in the child is made by the parent's episode,
+which refuses a state-changing tool and records the call with the others. A hook that raises, answers garbage, dies (a resource limit) or takes
 longer than `timeout_s` of the child's time raises `HookError`: the
 harness's fault, not the infrastructure's. The child is killed by `aclose`.
 
-    child -> parent: {"op": "ready"} | {"op": "ask", ...} | {"op": "return", "value", "view"} | {"op": "raise", "error"}
-    parent -> child: {"op": "call", "hook", "args", "from", "observations", "view"?} | {"op": "answer", "value" | "error"}
+    child -> parent: {"op": "ready"} | {"op": "ask", ...} | {"op": "lookup", "tool", "args"}
+                     | {"op": "return", "value", "view"} | {"op": "raise", "error"}
+    parent -> child: {"op": "call", "hook", "args", "from", "observations", "turn", "calls", "view"?}
+                     | {"op": "answer", "value" | "error"}
 """
 
 from __future__ import annotations
@@ -92,6 +95,10 @@ class SandboxedHarness(BaseHarness):
         return _record(Decision, await self._call("before_tool_call", view, call.model_dump(mode="json")),
                        self._where, "before_tool_call")
 
+    async def present_result(self, view: EpisodeView, call: ToolRequest, observation: Observation) -> str:
+        value = await self._call("present_result", view, call.model_dump(mode="json"), observation.model_dump(mode="json"))
+        return _expect(value, str, self._where, "present_result")
+
     async def after_tool_result(self, view: EpisodeView, call: ToolRequest, observation: Observation) -> str | None:
         value = await self._call("after_tool_result", view, call.model_dump(mode="json"), observation.model_dump(mode="json"))
         return None if value is None else _expect(value, str, self._where, "after_tool_result")
@@ -140,6 +147,7 @@ class SandboxedHarness(BaseHarness):
             self._sent = 0
         request["from"] = min(self._sent, len(view.observations))
         request["observations"] = [o.model_dump(mode="json") for o in view.observations[request["from"]:]]
+        request["turn"], request["calls"] = view.turn, view.calls
         self._sent = len(view.observations)
         await self._send(hook, request)
         while True:
@@ -147,6 +155,8 @@ class SandboxedHarness(BaseHarness):
             op = reply.get("op")
             if op == "ask":
                 await self._send(hook, await self._ask(hook, view, reply))
+            elif op == "lookup":
+                await self._send(hook, await self._lookup(view, reply))
             elif op == "return":
                 self._apply(hook, view, reply.get("view") or {})
                 return reply.get("value")
@@ -191,6 +201,20 @@ class SandboxedHarness(BaseHarness):
             raise HookError(f"{self._where}.{hook}: view.ask sent an unusable request: {exc}") from None
         answer = await view.ask(messages, schema)
         return {"op": "answer", "value": answer.model_dump(mode="json")}
+
+    async def _lookup(self, view: EpisodeView, request: dict) -> dict:
+        """A hook's own read-only call, made by the episode (which records it); a refused one is the hook's to handle."""
+        if view.lookup is None:
+            return {"op": "answer", "error": "this episode has no environment to look up"}
+        tool, args = request.get("tool"), request.get("args")
+        if not isinstance(tool, str) or not isinstance(args, dict):
+            return {"op": "answer", "error": "view.lookup takes a tool name and a dict of arguments"}
+        try:
+            observation = await view.lookup(tool, args)
+        except ValueError as exc:
+            return {"op": "answer", "error": str(exc)}
+        self._sent += 1  # the child appends it to its own view too
+        return {"op": "answer", "value": observation.model_dump(mode="json")}
 
     def _apply(self, hook: str, view: EpisodeView, changed: dict) -> None:
         try:
@@ -264,7 +288,7 @@ class _Channel:
 
 
 _RETURNS = {"initialize": object, "compose_instructions": str, "prepare_turn": list, "before_tool_call": Decision,
-            "after_tool_result": (str, type(None)), "finalize": Final}
+            "present_result": str, "after_tool_result": (str, type(None)), "finalize": Final}
 
 
 def _arguments(hook: str, args: list) -> list:
@@ -272,7 +296,7 @@ def _arguments(hook: str, args: list) -> list:
         return [messages_from_dict(args[0])]
     if hook == "before_tool_call":
         return [ToolRequest.model_validate(args[0])]
-    if hook == "after_tool_result":
+    if hook in ("present_result", "after_tool_result"):
         return [ToolRequest.model_validate(args[0]), Observation.model_validate(args[1])]
     return args
 
@@ -305,6 +329,15 @@ async def serve(harness: BaseHarness, channel: _Channel) -> None:
             raise RuntimeError(f"view.ask failed: {reply['error']}")
         return schema.model_validate(reply.get("value"))
 
+    async def lookup(tool: str, args: dict) -> Observation:
+        channel.send({"op": "lookup", "tool": tool, "args": args})
+        reply = channel.receive() or {}
+        if "error" in reply:
+            raise ValueError(f"view.lookup failed: {reply['error']}")
+        observation = Observation.model_validate(reply.get("value"))
+        view.observations.append(observation)
+        return observation
+
     view: EpisodeView | None = None
     shown: dict = {}
     while (request := channel.receive()) is not None:
@@ -313,9 +346,10 @@ async def serve(harness: BaseHarness, channel: _Channel) -> None:
             view = EpisodeView(instruction=start["instruction"], context=start["context"],
                                tools=[ToolInfo.model_validate(t) for t in start["tools"]],
                                config=HarnessConfig.model_validate(start["config"]), prompts=start["prompts"],
-                               skills=start["skills"], memory=start["memory"], ask=ask)
+                               skills=start["skills"], memory=start["memory"], ask=ask, lookup=lookup)
             shown = _public(view)
         view.observations[request["from"]:] = [Observation.model_validate(o) for o in request["observations"]]
+        view.turn, view.calls = request.get("turn", 0), request.get("calls", 0)
         hook = request["hook"]
         try:
             result = await call_hook(getattr(harness, hook), view, *_arguments(hook, request["args"]))

@@ -247,17 +247,31 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def slots() -> int:
+    """Server slots: the agent's, and one for every other role (roles.models.local_slot); HERA_LOCAL_SLOTS=1 shares one."""
+    raw = os.environ.get("HERA_LOCAL_SLOTS", "2")
+    if raw not in ("1", "2"):
+        raise ValueError(f"HERA_LOCAL_SLOTS must be 1 or 2; got {raw!r}")
+    return int(raw)
+
+
+SLOT_CTX = 16384
+
+
 class LocalServer:
     """llama.cpp's OpenAI-compatible server for one model file, in a child process on 127.0.0.1.
 
-    Prefix caching is on (the agent's prompts share long prefixes); one slot,
-    so requests run one at a time, which is all two cores can give anyway.
+    Prefix caching is on (the agent's prompts share long prefixes). Two slots,
+    each with its own context and prompt cache, so that the agent's prefix
+    survives the calls of other roles; the callers still send one request at a
+    time, which is all two cores can give anyway.
     """
 
-    def __init__(self, model: Path, *, n_ctx: int = 16384, threads: int = 2,
+    def __init__(self, model: Path, *, n_ctx: int | None = None, threads: int = 2,
                  startup_timeout_s: float = 300.0, log: Path | None = None):
         self.model = model
-        self.n_ctx = n_ctx
+        self.slots = slots()
+        self.n_ctx = n_ctx or self.slots * SLOT_CTX
         self.threads = threads
         self.startup_timeout_s = startup_timeout_s
         self.log = log or model.with_name(f"llama-server.{os.getpid()}.log")
@@ -284,7 +298,7 @@ class LocalServer:
         root = str(Path(__file__).resolve().parent.parent)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         command = [sys.executable, "-m", "roles.local_model", "serve", str(self.model), "--port", str(self.port),
-                   "--ctx", str(self.n_ctx), "--threads", str(self.threads)]
+                   "--ctx", str(self.n_ctx), "--threads", str(self.threads), "--slots", str(self.slots)]
         with open(self.log, "wb") as log:
             self._child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                            env=env, start_new_session=True)
@@ -369,7 +383,7 @@ def _stop_shared() -> None:
         _shared.stop()
 
 
-def _serve(model: str, port: int, n_ctx: int, threads: int) -> None:
+def _serve(model: str, port: int, n_ctx: int, threads: int, n_slots: int) -> None:
     """Child-process body: serve until stdin closes (the parent stopped us or died)."""
     import xllamacpp as xlc
 
@@ -378,7 +392,7 @@ def _serve(model: str, port: int, n_ctx: int, threads: int) -> None:
     params.hostnames = ["127.0.0.1"]
     params.port = port
     params.n_ctx = n_ctx
-    params.n_parallel = 1
+    params.n_parallel = n_slots
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads
     params.cache_prompt = True
@@ -396,13 +410,14 @@ def main(argv: list[str] | None = None) -> None:
     serve = commands.add_parser("serve", help="serve a model file until stdin closes (used by LocalServer)")
     serve.add_argument("model")
     serve.add_argument("--port", type=int, required=True)
-    serve.add_argument("--ctx", type=int, default=16384)
+    serve.add_argument("--ctx", type=int, default=2 * SLOT_CTX)
+    serve.add_argument("--slots", type=int, default=2)
     serve.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     if args.command == "fetch":
         print(ensure_model())
     else:
-        _serve(args.model, args.port, args.ctx, args.threads)
+        _serve(args.model, args.port, args.ctx, args.threads, args.slots)
 
 
 if __name__ == "__main__":

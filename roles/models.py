@@ -25,7 +25,7 @@ import time
 import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Awaitable, Callable, Literal, Protocol, Sequence, TypeVar, runtime_checkable
 
 import openai
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage, messages_to_dict
@@ -33,8 +33,19 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ValidationError
 
 from roles.journal import journaled
-from roles.local_model import QWEN_CODER_1_5B, local_server
-from roles.tool_calls import describe_object, fold_history, number_calls, parse_tool_calls, text_of, with_system_note
+from roles.local_model import QWEN_CODER_1_5B, local_server, slots
+from roles.tool_calls import (
+    ACTION_INSTRUCTION,
+    ActionError,
+    action_schema,
+    describe_object,
+    fold_history,
+    number_calls,
+    parse_action,
+    parse_tool_calls,
+    text_of,
+    with_system_note,
+)
 from state.records import ToolInfo, UsageRecord
 
 log = logging.getLogger(__name__)
@@ -46,6 +57,7 @@ MAX_BACKOFF_S = 60.0
 STRUCTURED_MAX_TOKENS = 1536
 LOCAL_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "extra_body": {"top_k": 20, "repeat_penalty": 1.05}}
 T = TypeVar("T")
+ActionMode = Literal["text", "structured"]
 
 
 class InfrastructureError(Exception):
@@ -92,9 +104,11 @@ class ChatModel(Protocol):
 
     async def complete(
         self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *, max_tokens: int | None = None,
-        temperature: float | None = None,
+        temperature: float | None = None, action_mode: ActionMode = "text",
     ) -> Completion:
-        """The next assistant turn of `messages`, free to call `tools`; `temperature` None keeps the model's default."""
+        """The next assistant turn of `messages`, free to call `tools`; `temperature` None keeps the model's
+        default. With `action_mode="structured"` the turn is exactly one call of `tools` or a final answer
+        (`roles.tool_calls.action_schema`), and a reply outside that grammar is a malformed reply."""
         ...
 
     async def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, UsageRecord]:
@@ -121,9 +135,12 @@ def chat_model(
 def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatModel:
     provider, _, name = spec.partition(":")
     if spec == "local":
+        # The agent's turns keep a server slot (and its prompt cache) of their own: a judge's or
+        # a reviewer's call in between would otherwise evict the agent's cached prefix.
+        sampling = {**LOCAL_SAMPLING, "extra_body": {**LOCAL_SAMPLING["extra_body"], "id_slot": local_slot(role)}}
         return OpenAICompatibleModel(
             spec, role=role, model=QWEN_CODER_1_5B.name, record_as=f"local:{QWEN_CODER_1_5B.name}",
-            base_url=_local_base_url, api_key="local", text_tools=True, sampling=LOCAL_SAMPLING,
+            base_url=_local_base_url, api_key="local", text_tools=True, sampling=sampling,
             **reliability,
         )
     if provider == "openai" and name:
@@ -155,9 +172,11 @@ class JournaledModel:
         return {"spec": self.spec, "role": self.role, "method": method, "messages": messages_to_dict(messages), **more}
 
     async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
-                       max_tokens: int | None = None, temperature: float | None = None) -> Completion:
+                       max_tokens: int | None = None, temperature: float | None = None,
+                       action_mode: ActionMode = "text") -> Completion:
         request = self._request("complete", messages, tools=[t.model_dump(mode="json") for t in tools or ()],
-                                max_tokens=max_tokens, temperature=temperature)
+                                max_tokens=max_tokens, temperature=temperature,
+                                **({"action_mode": action_mode} if action_mode != "text" else {}))
 
         def dump(c: Completion) -> str:
             return json.dumps({"message": c.message.model_dump(mode="json"), "usage": c.usage.model_dump(mode="json"),
@@ -167,8 +186,8 @@ class JournaledModel:
             data = json.loads(text)
             return Completion(AIMessage.model_validate(data["message"]), UsageRecord.model_validate(data["usage"]), data["truncated"])
 
-        return await journaled(request, lambda: self.model.complete(messages, tools, max_tokens=max_tokens, temperature=temperature),
-                               dump, load)
+        return await journaled(request, lambda: self.model.complete(messages, tools, max_tokens=max_tokens, temperature=temperature,
+                                                                    action_mode=action_mode), dump, load)
 
     async def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, UsageRecord]:
         request = self._request("structured", messages, schema=schema.model_json_schema())
@@ -271,6 +290,11 @@ async def retrying(attempt: Callable[[], Awaitable[T]], *, spec: str, max_retrie
     raise AssertionError("unreachable")
 
 
+def local_slot(role: str) -> int:
+    """The local server's slot for a role's calls: the agent's own, or the one every other role shares."""
+    return 0 if role == "agent" else slots() - 1
+
+
 _local_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
@@ -306,14 +330,21 @@ class OpenAICompatibleModel:
         return f"{type(self).__name__}(spec={self.spec!r}, role={self.role!r})"
 
     async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
-                       max_tokens: int | None = None, temperature: float | None = None) -> Completion:
+                       max_tokens: int | None = None, temperature: float | None = None,
+                       action_mode: ActionMode = "text") -> Completion:
         check_messages(messages)
         tools = list(tools or ())
-        if self.text_tools:
+        structured = action_mode == "structured" and bool(tools)
+        if structured:
+            # One grammar-constrained action per turn, for any endpoint: earlier calls come back as plain turns.
+            sent = fold_history(messages, tools, ACTION_INSTRUCTION)
+            options = {"response_format": {"type": "json_schema", "json_schema": {"name": "Action", "schema": action_schema(tools)}},
+                       "max_tokens": min(max_tokens or STRUCTURED_MAX_TOKENS, STRUCTURED_MAX_TOKENS)}
+        elif self.text_tools:
             sent, options = fold_history(messages, tools), {}
         else:
             sent, options = list(messages), ({"tools": [openai_tool(t) for t in tools]} if tools else {})
-        if max_tokens is not None:
+        if max_tokens is not None and not structured:
             options["max_tokens"] = max_tokens
         if temperature is not None:
             options["temperature"] = temperature
@@ -322,7 +353,14 @@ class OpenAICompatibleModel:
         async def attempt() -> tuple[AIMessage, str, list[dict[str, Any]], bool]:
             reply = await self._invoke(sent, options)
             content, calls = text_of(reply.content), list(reply.tool_calls)
-            if self.text_tools and tools:
+            if structured:
+                if reply.response_metadata.get("finish_reason") == "length":
+                    raise _Failure("truncated", "the structured turn hit the token limit")
+                try:
+                    content, calls = parse_action(content, tools)
+                except ActionError as error:
+                    raise _Failure("malformed", str(error)) from error
+            elif self.text_tools and tools:
                 content, calls = parse_tool_calls(content, tools)
             truncated = reply.response_metadata.get("finish_reason") == "length"
             if truncated and not content.strip() and not calls:

@@ -15,7 +15,9 @@ instance, which the call raises. Scripted models never retry.
 
 With `register(..., text_tools=True)` the model behaves like the local one:
 callables see the folded conversation, and calls are parsed out of the reply
-text. Usage is counted deterministically, a token per four characters.
+text. A call with `action_mode="structured"` takes a step that is an action
+object (`{"tool", "arguments"}` or `{"final_answer"}`) or its JSON text, and a
+reply outside that grammar raises `InfrastructureError("malformed")`. Usage is counted deterministically, a token per four characters.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from pydantic import BaseModel, ValidationError
 
 from roles.models import Completion, InfrastructureError, check_messages, cost_usd
-from roles.tool_calls import fold_history, number_calls, parse_tool_calls, text_of
+from roles.tool_calls import ACTION_INSTRUCTION, ActionError, fold_history, number_calls, parse_action, parse_tool_calls, text_of
 from state.records import ToolInfo, UsageRecord
 
 Step = Union[AIMessage, str, dict, BaseModel, BaseException, Callable[..., Any]]
@@ -49,6 +51,7 @@ class ScriptedCall:
     schema: type[BaseModel] | None = None
     max_tokens: int | None = None
     temperature: float | None = None
+    action_mode: str = "text"
 
 
 @dataclass
@@ -129,21 +132,33 @@ class ScriptedModel:
         return index, script.steps[index]
 
     async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
-                       max_tokens: int | None = None, temperature: float | None = None) -> Completion:
+                       max_tokens: int | None = None, temperature: float | None = None,
+                       action_mode: str = "text") -> Completion:
         check_messages(messages)
         text_tools = _script(self.name).text_tools
-        seen = fold_history(messages, tools or ()) if text_tools else list(messages)
+        structured = action_mode == "structured" and bool(tools)
+        if structured:
+            seen = fold_history(messages, tools, ACTION_INSTRUCTION)
+        else:
+            seen = fold_history(messages, tools or ()) if text_tools else list(messages)
         index, step = self._next(ScriptedCall("complete", list(messages), list(tools) if tools is not None else None,
-                                              max_tokens=max_tokens, temperature=temperature))
+                                              max_tokens=max_tokens, temperature=temperature, action_mode=action_mode))
         if callable(step) and not isinstance(step, (type, BaseException)):
             step = step(seen, tools)
             if inspect.isawaitable(step):
                 step = await step
         if isinstance(step, BaseException):
             raise step
+        if structured and isinstance(step, dict) and not {"content", "tool_calls"} & set(step):
+            step = json.dumps(step)  # an action object, as the grammar would have it written
         reply = self._message(index, step)
         content, found = text_of(reply.content), list(reply.tool_calls)
-        if text_tools and tools:
+        if structured:
+            try:
+                content, found = parse_action(content, tools)
+            except ActionError as error:
+                raise InfrastructureError("malformed", f"step {index + 1}: {error}", self.spec) from error
+        elif text_tools and tools:
             content, parsed = parse_tool_calls(content, tools)
             found += parsed
         message = AIMessage(content=content, tool_calls=number_calls(found, messages),

@@ -29,6 +29,10 @@ CALL_INSTRUCTION = (
     'To call a tool, reply with a JSON object {"name": "<tool name>", "arguments": {<arguments>}}; '
     "to call several, write one object per line. When you need no more tools, reply with your answer in plain text."
 )
+ACTION_INSTRUCTION = (
+    'Each reply is one JSON object: {"tool": "<tool name>", "arguments": {<arguments>}} to call one tool '
+    '(you will see its result), or {"final_answer": "<your answer to the user>"} when you are done.'
+)
 ARGUMENT_KEYS = ("arguments", "args", "parameters", "input", "params")
 NAME_KEYS = ("name", "tool", "tool_name", "function")
 CALL_KEYS = frozenset(ARGUMENT_KEYS + NAME_KEYS + ("id", "type", "call_id"))
@@ -72,12 +76,52 @@ def describe_object(schema: dict[str, Any]) -> str:
     return json.dumps(fields, ensure_ascii=False)
 
 
-def describe_tools(tools: Sequence[ToolInfo]) -> str:
+def describe_tools(tools: Sequence[ToolInfo], instruction: str = CALL_INSTRUCTION) -> str:
     """One line per tool (name, description, arguments) and the call instruction."""
     lines = ["Tools you can call:"]
     lines += [f"- {t.name}: {t.description.strip()} Arguments: {describe_object(t.input_schema)}" for t in tools]
-    lines.append(CALL_INSTRUCTION)
+    lines.append(instruction)
     return "\n".join(lines)
+
+
+def action_schema(tools: Sequence[ToolInfo]) -> dict[str, Any]:
+    """The JSON schema of one structured turn: exactly one call of an offered tool, with arguments of
+    that tool's schema, or a final answer."""
+    calls = [{"type": "object", "properties": {"tool": {"const": t.name}, "arguments": _argument_schema(t.input_schema)},
+              "required": ["tool", "arguments"], "additionalProperties": False} for t in tools]
+    final = {"type": "object", "properties": {"final_answer": {"type": "string"}}, "required": ["final_answer"],
+             "additionalProperties": False}
+    return {"anyOf": [*calls, final]}
+
+
+def _argument_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A tool's input schema as a closed object: a grammar must not let the model invent arguments."""
+    out = {k: v for k, v in schema.items() if k not in ("title", "$schema")}
+    out.setdefault("type", "object")
+    out.setdefault("properties", {})
+    out["additionalProperties"] = False
+    return out
+
+
+class ActionError(ValueError):
+    """A structured turn that is not one of the turns the grammar allows."""
+
+
+def parse_action(text: str, tools: Sequence[ToolInfo]) -> tuple[str, list[dict[str, Any]]]:
+    """A structured turn's final answer (and no calls) or its one call (and no text); ActionError when
+    `text` is outside `action_schema(tools)`."""
+    import jsonschema
+
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise ActionError(f"the turn is not JSON: {error}") from None
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(action_schema(tools)).iter_errors(value))
+    if error is not None:
+        raise ActionError(f"the turn is neither a call of an offered tool nor a final answer: {error.message[:300]}")
+    if "final_answer" in value:
+        return value["final_answer"], []
+    return "", [{"name": value["tool"], "args": value["arguments"]}]
 
 
 def with_system_note(messages: Sequence[BaseMessage], note: str) -> list[BaseMessage]:
@@ -94,7 +138,8 @@ def describe_call(name: str, args: dict[str, Any]) -> str:
     return f"I called {name}({json.dumps(args, ensure_ascii=False)})."
 
 
-def fold_history(messages: Sequence[BaseMessage], tools: Sequence[ToolInfo] = ()) -> list[BaseMessage]:
+def fold_history(messages: Sequence[BaseMessage], tools: Sequence[ToolInfo] = (),
+                 instruction: str = CALL_INSTRUCTION) -> list[BaseMessage]:
     """The conversation as plain chat turns, with the tools described in the system prompt.
 
     An assistant turn with tool calls becomes its text followed by one
@@ -117,7 +162,7 @@ def fold_history(messages: Sequence[BaseMessage], tools: Sequence[ToolInfo] = ()
             _append_user(folded, message.content)
         else:
             folded.append(message)
-    return with_system_note(folded, describe_tools(tools)) if tools else folded
+    return with_system_note(folded, describe_tools(tools, instruction)) if tools else folded
 
 
 def _append_user(folded: list[BaseMessage], text: str) -> None:

@@ -28,8 +28,8 @@ def shop_agent(messages, tools, delay_s: float = 0.0, log=None):
 def shop_judge(messages, schema):
     reply = messages[-1].content.split("Reply:")[1].split("<<<")[1].split(">>>")[0].strip()
     if "I cannot" in reply:
-        return {"abstained": True, "scope": "all", "quote": "I cannot", "reason": "declines"}
-    return {"abstained": False, "scope": "none", "quote": reply[:12], "reason": "reports completion"}
+        return {"verdict": "declines_all", "quote": "I cannot", "reason": "declines"}
+    return {"verdict": "done", "quote": reply[:12], "reason": "reports completion"}
 
 
 def eager_agent(messages, tools):
@@ -45,3 +45,15 @@ def eager_agent(messages, tools):
     if asked_to_check and not isinstance(item.get("price"), (int, float)):
         return REFUSAL
     return {"tool_calls": [{"name": "reserve", "args": {"sku": "DR-220", "qty": 2}}]}
+
+
+def tied(edit: dict):
+    """A scripted optimizer step: `edit` with each component tied to the first failure group the edit schema offers."""
+
+    def step(messages, schema):
+        choice = next(d for name, d in schema.model_json_schema()["$defs"].items() if name == "Choice")
+        offered = choice["properties"]["addresses"]
+        group = offered["const"] if "const" in offered else offered["enum"][0]
+        return {**edit, "components": [{**c, "addresses": group} for c in edit["components"]]}
+
+    return step

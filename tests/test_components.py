@@ -1,6 +1,7 @@
 """The generic control-logic components and their layering over a bundle's harness."""
 
 import asyncio
+import json
 import shutil
 
 import pytest
@@ -9,7 +10,17 @@ from envs.spec import SpecError
 from harness.abi import BaseHarness, EpisodeView, HarnessConfig, ToolRequest
 from harness.bundle import BUNDLES, load_bundle
 from harness.components import (
+    CallBeforeAnswering,
+    CheckChangeMade,
     CheckBeforeCommit,
+    CompactObservations,
+    GroundIdentifiers,
+    OneWritePerTurn,
+    ReadBeforeWrite,
+    ReaskUnparsedCalls,
+    RefuseFailedRepeat,
+    ResolveNamedEntities,
+    request_terms,
     CheckRelatedAuthorization,
     ConfirmFinalDecision,
     FinalCheck,
@@ -152,3 +163,134 @@ def test_bad_components_file_names_file_and_field(tmp_path, text, field):
     with pytest.raises(SpecError) as err:
         load_bundle(bundle_dir)
     assert str(bundle_dir / "components.yaml") in str(err.value) and field in str(err.value)
+
+
+# ---- components for small models ----
+
+FIND = ToolInfo(name="find_permits", description="Finds permits by the applicant's name. Returns permit_id, address, status.",
+                input_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}, read_only=True)
+GET = ToolInfo(name="get_permit", description="One permit by its id.",
+               input_schema={"type": "object", "properties": {"permit_id": {"type": "string"}}, "required": ["permit_id"]}, read_only=True)
+ISSUE = ToolInfo(name="issue_permit", description="Issues a permit.",
+                 input_schema={"type": "object", "properties": {"permit_id": {"type": "string"}, "fee": {"type": "number"},
+                                                                "kind": {"type": "string", "enum": ["A1", "B2"]}},
+                               "required": ["permit_id"]}, read_only=False)
+
+
+def small_view(*observations: Observation, instruction="Issue Ana Ruiz's permit.", lookup=None) -> EpisodeView:
+    return EpisodeView(instruction=instruction, context="", tools=[FIND, GET, ISSUE], config=HarnessConfig(),
+                       prompts={"system": "$context"}, skills={}, observations=list(observations), lookup=lookup)
+
+
+def seen(tool, args, output=None, ok=True, code=None, source="agent", read_only=True) -> Observation:
+    return Observation(tool=tool, args=args, ok=ok, output=output, error_code=code, message="no such permit" if code else "",
+                       read_only=read_only, source=source)
+
+
+def call(_tool, **args) -> ToolRequest:
+    return ToolRequest(id="c", name=_tool, args=args)
+
+
+def test_ground_identifiers_blocks_an_id_seen_nowhere_and_names_the_tools_that_find_it():
+    c = GroundIdentifiers()
+    decision = c.before_tool_call(small_view(), call("get_permit", permit_id="BP-2291"))
+    assert decision.action == "block"
+    assert decision.message == ("Not run: permit_id='BP-2291' appears nowhere in the request or in any result so far, so it "
+                                "would be a guess. Find the real value first, with find_permits, get_permit.")
+    found = seen("find_permits", {"name": "Ana Ruiz"}, [{"permit_id": "BP-2291"}], source="harness")
+    assert c.before_tool_call(small_view(found), call("get_permit", permit_id="bp-2291")) is None  # first seen in a result
+    assert c.before_tool_call(small_view(instruction="Issue permit BP-2291."), call("issue_permit", permit_id="BP-2291")) is None
+    # not identifiers: names, enum values, amounts, dates; and an id that is only a prefix of one seen is still unseen
+    assert c.before_tool_call(small_view(), call("find_permits", name="Ana Ruiz")) is None
+    assert c.before_tool_call(small_view(found), call("issue_permit", permit_id="BP-2291", fee=120.5, kind="B2")) is None
+    assert c.before_tool_call(small_view(found), call("get_permit", permit_id="BP-229")).action == "block"
+
+
+def test_one_write_per_turn():
+    c, v = OneWritePerTurn(), small_view()
+    assert c.before_tool_call(v, call("issue_permit", permit_id="A")) is None
+    assert c.before_tool_call(v, call("get_permit", permit_id="A")) is None
+    assert c.before_tool_call(v, call("issue_permit", permit_id="B")).action == "block"
+    v.turn += 1
+    assert c.before_tool_call(v, call("issue_permit", permit_id="B")) is None
+
+
+def test_refuse_failed_repeat_only_for_the_call_that_just_failed():
+    c = RefuseFailedRepeat()
+    failed = seen("get_permit", {"permit_id": "X-1"}, ok=False, code="not_found")
+    decision = c.before_tool_call(small_view(failed), call("get_permit", permit_id="X-1"))
+    assert decision.action == "block" and "(not_found: no such permit)" in decision.message and "find_permits" in decision.message
+    assert c.before_tool_call(small_view(failed), call("get_permit", permit_id="X-2")) is None
+    other = seen("find_permits", {"name": "Ana"}, ok=False, code="bad_request")
+    assert c.before_tool_call(small_view(failed, other), call("get_permit", permit_id="X-1")) is None  # after a different failure
+
+
+def test_compact_observations_shows_the_first_rows_and_keeps_nulls():
+    c = CompactObservations({"min_chars": 10, "rows": 2})
+    rows = [{"permit_id": f"P-{i}", "note": "", "tags": [], "fee": None} for i in range(5)]
+    shown = c.present(small_view(), call("find_permits", name="x"), seen("find_permits", {"name": "x"}, rows))
+    assert json.loads(shown) == [{"permit_id": "P-0", "fee": None}, {"permit_id": "P-1", "fee": None},
+                                 "... 3 more; narrow the search to see them"]
+    assert c.present(small_view(), call("get_permit"), seen("get_permit", {}, {"permit_id": "P-0"})) is None  # nothing to cut
+    assert CompactObservations().present(small_view(), call("find_permits"), seen("find_permits", {}, rows)) is None  # short
+
+
+def test_resolve_named_entities_looks_up_names_and_reads_the_records_found():
+    made = []
+
+    async def lookup(tool, args):
+        made.append((tool, args))
+        if tool == "find_permits" and args == {"name": "Ana Ruiz"}:
+            return seen(tool, args, [{"permit_id": "BP-7", "status": "open"}], source="harness")
+        if tool == "get_permit":
+            return seen(tool, args, {"permit_id": "BP-7", "owner_consent": "revoked"}, source="harness")
+        return seen(tool, args, [], source="harness")
+
+    v = small_view(instruction="Please issue Ana Ruiz's permit for the Oak Street deck.", lookup=lookup)
+    asyncio.run(ResolveNamedEntities().initialize(v))
+    assert made == [("find_permits", {"name": "Ana Ruiz"}), ("find_permits", {"name": "Oak Street"}),
+                    ("get_permit", {"permit_id": "BP-7"})]
+    assert v.instruction.startswith("Please issue Ana Ruiz's permit for the Oak Street deck.\n\n(Looked up before you started")
+    assert '- get_permit({"permit_id": "BP-7"}) -> {"permit_id": "BP-7", "owner_consent": "revoked"}' in v.instruction
+    assert "Oak Street\"}) ->" not in v.instruction  # empty results are not shown
+    assert request_terms("Dr. Castellanos asked us to raise the cap on her Renaissance art section; email 'Lab A' at 9:30.") == [
+        "Lab A", "Castellanos", "Renaissance"]
+
+
+def test_read_before_write_reads_the_record_first_and_then_lets_the_write_through():
+    made = []
+
+    async def lookup(tool, args):
+        made.append((tool, args))
+        return seen(tool, args, {"permit_id": "BP-7", "status": "open"}, source="harness")
+
+    c, v = ReadBeforeWrite(), small_view(lookup=lookup)
+    decision = asyncio.run(c.before_tool_call(v, call("issue_permit", permit_id="BP-7")))
+    assert decision.action == "block" and made == [("get_permit", {"permit_id": "BP-7"})]
+    assert 'get_permit(permit_id=\'BP-7\') returned: {"permit_id": "BP-7", "status": "open"}' in decision.message
+    v.observations.append(seen("get_permit", {"permit_id": "BP-7"}, {"status": "open"}, source="harness"))
+    assert asyncio.run(c.before_tool_call(v, call("issue_permit", permit_id="BP-7"))) is None
+    assert asyncio.run(c.before_tool_call(v, call("get_permit", permit_id="BP-8"))) is None  # reads pass
+
+
+def test_reask_unparsed_calls_and_call_before_answering():
+    c = ReaskUnparsedCalls()
+    v = small_view()
+    final = asyncio.run(c.finalize(v, "1. `find_permits`: {\"name\": \"Ana"))
+    assert final.action == "revise" and final.text.startswith("Your reply mentions find_permits but holds no call")
+    assert asyncio.run(c.finalize(v, "The permit is issued.")) is None
+    once = CallBeforeAnswering()
+    assert asyncio.run(once.finalize(v, "Done.")).action == "revise"
+    assert asyncio.run(once.finalize(v, "Done.")) is None  # once only
+    v2 = small_view()
+    v2.calls = 1  # a call was asked for, even if the harness blocked it
+    assert asyncio.run(CallBeforeAnswering().finalize(v2, "Done.")) is None
+
+
+def test_check_change_made_asks_once_when_nothing_was_changed():
+    c, v = CheckChangeMade(), small_view(seen("get_permit", {"permit_id": "BP-7"}, {"status": "open"}))
+    final = asyncio.run(c.finalize(v, "Issued."))
+    assert final.action == "revise" and final.text.startswith("Nothing has been changed yet: no call of a tool that makes changes (issue_permit)")
+    assert asyncio.run(c.finalize(v, "Issued.")) is None
+    done = small_view(seen("issue_permit", {"permit_id": "BP-7"}, {"ok": True}, read_only=False))
+    assert asyncio.run(CheckChangeMade().finalize(done, "Issued.")) is None
