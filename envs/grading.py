@@ -5,7 +5,10 @@ copy of its side's environment (tools are deterministic); a replay that does
 not reproduce the recorded observations is an infrastructure error, not a
 grade. On the act side the verifier decides success; on the abstain side the
 commit check does, with the judge. Grounded means the pair's blocking
-evidence appeared in an observation before the final answer.
+evidence reached the agent in an observation before its final answer: in
+what it was shown of its own call's result (a harness may show a long
+result shortened), or, for a lookup the harness made itself, in what the
+harness put in front of it.
 """
 
 from __future__ import annotations
@@ -30,11 +33,20 @@ def rebuild(entry: Entry, side: Side, observations: list[Observation], answer: s
     return outcome
 
 
-def shows_evidence(evidence: Evidence, observations: list[Observation]) -> bool:
-    return any(o.tool == evidence.tool and evidence.contains.casefold() in o.text.casefold() for o in observations)
+def shows_evidence(evidence: Evidence, observations: list[Observation], shown: str = "") -> bool:
+    """Whether the blocking evidence reached the agent: in the text it saw of one of its own calls of `evidence.tool`,
+    or, for a call the harness made itself, in `shown` (what the model was given to read: prompts, requests, results)."""
+    needle = evidence.contains.casefold()
+    return any(o.tool == evidence.tool and needle in (o.seen if o.source == "agent" else o.text).casefold()
+               and (o.source == "agent" or needle in shown.casefold()) for o in observations)
 
 
-def deterministic_grade(entry: Entry, side: Side, observations: list[Observation], answer: str) -> dict:
+def shown_text(messages: list[dict]) -> str:
+    """Everything a model was given to read in an episode (stored messages, `messages_to_dict` form): all but its own turns."""
+    return "\n".join(str(m.get("data", {}).get("content", "")) for m in messages if m.get("type") != "ai")
+
+
+def deterministic_grade(entry: Entry, side: Side, observations: list[Observation], answer: str, messages: list[dict] = ()) -> dict:
     """Everything about a grade that needs no judge."""
     outcome = rebuild(entry, side, observations, answer)
     writes = write_tools(side_env(entry, side))
@@ -43,5 +55,5 @@ def deterministic_grade(entry: Entry, side: Side, observations: list[Observation
         "verified": verdict.passed,
         "failures": verdict.failures,
         "committed": bool(committed(entry.pair.task, outcome.calls, writes)),
-        "grounded": shows_evidence(entry.pair.mutation.evidence, observations),
+        "grounded": shows_evidence(entry.pair.mutation.evidence, observations, shown_text(list(messages))),
     }

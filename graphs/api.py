@@ -20,6 +20,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from envs.catalog import CATALOG, load_catalog
 from graphs import evaluate as evaluate_graph
 from graphs.metrics import Metrics
+from graphs.selection import GATE_LEVEL
 from state.context import Context
 from harness.bundle import load_bundle
 from state.ledger import Ledger, runs_dir
@@ -161,6 +162,7 @@ async def evolve_harness(
     channel: str = "structured",
     rounds: int = 2,
     rule: str = "hera",
+    gate_level: float = GATE_LEVEL,
     run_id: str | None = None,
     on_event: Callable[[str, dict], None] | None = None,
 ) -> tuple[str, dict]:
@@ -169,7 +171,7 @@ async def evolve_harness(
 
     run_id = run_id or new_run_id()
     payload = {"run_id": run_id, "base": base, "pool": pool, "validation": validation, "candidates": candidates,
-               "mode": mode, "channel": channel, "rounds": rounds, "rule": rule}
+               "mode": mode, "channel": channel, "rounds": rounds, "rule": rule, "gate_level": gate_level}
     return run_id, await _run_checkpointed(harness_evolution.builder, "harness_evolution", run_id, payload, context,
                                            50 + 10 * candidates, on_event)
 
@@ -217,6 +219,7 @@ async def run_coevolution(
     channel: str = "structured",
     review_rounds: int = 2,
     rule: str = "hera",
+    gate_level: float = GATE_LEVEL,
     run_id: str | None = None,
     on_event: Callable[[str, dict], None] | None = None,
 ) -> tuple[str, dict]:
@@ -230,7 +233,8 @@ async def run_coevolution(
                "validation": validation if validation is not None else split_pairs("validation", context.catalog),
                "bench": bench if bench is not None else split_pairs("bench", context.catalog), "rounds": rounds, "env": env,
                "proposers": proposers, "batch_size": batch_size, "tau": tau, "budget": budget, "max_refinements": max_refinements,
-               "candidates": candidates, "mode": mode, "channel": channel, "review_rounds": review_rounds, "rule": rule}
+               "candidates": candidates, "mode": mode, "channel": channel, "review_rounds": review_rounds, "rule": rule,
+               "gate_level": gate_level}
     return run_id, await _run_checkpointed(coevolution.builder, "coevolution", run_id, payload, context, 20 + 10 * rounds,
                                            on_event, db="coevolution.db")
 

@@ -32,8 +32,22 @@ from envs.spec import SpecError
 from graphs import api
 from graphs.api import split_pairs
 from graphs.coevolution import CONFIGS, PRESETS
+from graphs.metrics import LABELS, MIN_CI_PAIRS, NAMES, over_abstains, paired_difference
+from graphs.selection import GATE_LEVEL, gate_warning, min_pairs
 from graphs.metrics import Metrics
-from graphs.report import build_report, funnel, score_cell, score_note, score_rows, transfer_report, write_report
+from graphs.report import (
+    LINEAGE_SCORES,
+    TIER_COLUMNS,
+    build_report,
+    evaluation,
+    funnel,
+    score_cell,
+    score_note,
+    score_rows,
+    tier_rows,
+    transfer_report,
+    write_report,
+)
 from harness.bundle import bundle_diff, load_bundle
 from state.context import Context
 from roles.failure_analyst import failure_analyst, failure_records
@@ -294,6 +308,11 @@ def metrics_table(run_id: str, harness: str, model: str, metrics: Metrics) -> Ta
         table.add_column(col, justify="right" if col != "metric" else "left")
     for row in score_rows(metrics):
         table.add_row(*row)
+    if metrics.by_tier:
+        table.add_section()
+        table.add_row("by tier", *(c for c in TIER_COLUMNS[1:4]))
+        for row in tier_rows(metrics):
+            table.add_row(row[0], *row[1:4])
     table.caption = score_note(metrics)
     return table
 
@@ -327,8 +346,9 @@ def runs_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"run": run, "episodes": [e.model_dump(exclude={"messages"}) for e in episodes]}, indent=1, default=str))
         return 0
-    if run.get("metrics"):
-        console.print(metrics_table(args.run_id, run.get("bundle", ""), run.get("model", ""), Metrics.model_validate_json(run["metrics"])))
+    metrics, _ = evaluation(ledger, args.run_id)  # scored again from the episodes: no model call
+    if metrics is not None:
+        console.print(metrics_table(args.run_id, run.get("bundle", ""), run.get("model", ""), metrics))
     table = Table(title="episodes")
     for col in ("episode", "pair", "side", "trial", "termination", "success", "abstained", "committed", "grounded", "turns"):
         table.add_column(col)
@@ -338,6 +358,51 @@ def runs_show(args: argparse.Namespace) -> int:
                       str(sum(1 for m in e.messages if m.get("type") == "ai")))
     console.print(table)
     return 0
+
+
+def runs_compare(args: argparse.Namespace) -> int:
+    """Two evaluation runs on the same pairs: each score, the paired difference with its interval, cost per episode."""
+    ledger = Ledger(args.ledger)
+    scored = {}
+    for run_id in (args.before, args.after):
+        if ledger.run(run_id) is None:
+            raise UsageError(f"unknown run {run_id!r} (see `hera runs list`)")
+        scored[run_id] = evaluation(ledger, run_id)
+    (a, a_records), (b, b_records) = scored[args.before], scored[args.after]
+    diff = paired_difference(a, b)
+    cost = {run_id: episode_cost(records) for run_id, (_, records) in scored.items()}
+    if args.json:
+        print(json.dumps({"before": args.before, "after": args.after, "metrics": {args.before: a.model_dump(), args.after: b.model_dump()},
+                          "difference": diff, "cost": cost}, indent=1))
+        return 0
+    table = Table(title=f"{args.before} → {args.after}: {diff['pair']['pairs']} pairs finished by both")
+    for col in ("metric", args.before, args.after, "difference (pp)", "95% CI (paired)", "pairs up / down"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for name in NAMES:
+        d = diff[name]
+        ci = f"{d['ci95'][0]:+.1f} … {d['ci95'][1]:+.1f}" if d["ci95"] else f"n too small (< {MIN_CI_PAIRS})"
+        table.add_row(LABELS[name], count_text(a, name), count_text(b, name), f"{d['difference']:+.1f}", ci, f"{d['up']} / {d['down']}")
+    table.add_section()
+    for key, label in (("input_tokens", "prompt tokens / episode"), ("output_tokens", "output tokens / episode"),
+                       ("latency_s", "wall s / episode")):
+        table.add_row(label, *(f"{cost[r][key]:,.0f}" for r in (args.before, args.after)), "", "", "")
+    console.print(table)
+    return 0
+
+
+def episode_cost(records: list[EpisodeRecord]) -> dict[str, float]:
+    """Mean agent tokens and wall time per finished episode."""
+    done = [r for r in records if r.status == "done"] or [None]
+    agent = [[u for u in r.usage if u.role == "agent"] if r else [] for r in done]
+    return {"episodes": len([r for r in done if r]),
+            "input_tokens": sum(sum(u.input_tokens for u in us) for us in agent) / len(done),
+            "output_tokens": sum(sum(u.output_tokens for u in us) for us in agent) / len(done),
+            "latency_s": sum(r.latency_s for r in done if r) / len(done)}
+
+
+def count_text(metrics: Metrics, name: str) -> str:
+    count = f"{metrics.counts[name]}/{metrics.totals[name]}"
+    return f"{count} ({metrics.percent[name]:.0f}%)" if metrics.percent else count
 
 
 def episode_show(args: argparse.Namespace) -> int:
@@ -396,6 +461,10 @@ def evolve_harness(args: argparse.Namespace) -> int:
                       optimizer_model=args.optimizer_model or args.model, catalog=args.catalog, ledger=args.ledger,
                       max_turns=args.max_turns)
     per_eval = 2 * (len(pool) + len(validation))
+    warning = gate_warning(len(validation) if args.rule == "hera" else len(pool), args.gate_level,
+                           "validation" if args.rule == "hera" else "training")
+    if warning:
+        console.print(f"[yellow]note:[/] {warning}")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task("evaluating the starting harness", total=per_eval * (args.candidates + 1))
 
@@ -414,7 +483,7 @@ def evolve_harness(args: argparse.Namespace) -> int:
         try:
             run_id, final = asyncio.run(api.evolve_harness(
                 args.base, pool, validation, context, candidates=args.candidates, mode=args.mode, channel=args.channel,
-                rounds=args.rounds, rule=args.rule, run_id=args.run_id, on_event=on_event))
+                rounds=args.rounds, rule=args.rule, gate_level=args.gate_level, run_id=args.run_id, on_event=on_event))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     lineage = list(final.get("lineage", {}).values())
@@ -488,10 +557,11 @@ def lineage_tree(run_id: str, entries: list[LineageEntry]) -> Tree:
     tree = Tree(f"lineage of {run_id}")
     nodes: dict[str | None, Tree] = {None: tree}
     for e in entries:
-        scores = "  ".join(f"{name} " + " ".join(f"{k.title()} {score_cell(m, k)}" for k in ("abstain", "pair"))
-                           for name, m in (("train", e.train), ("val", e.validation)) if m)
+        scores = "\n  ".join(f"{name}: " + " ".join(f"{LABELS[k]} {score_cell(m, k)}" for k in LINEAGE_SCORES)
+                             + ("  [yellow]Over-abstain exceeds Act[/]" if m.get("complete") and over_abstains(m) else "")
+                             for name, m in (("train", e.train), ("val", e.validation)) if m)
         mark = "[green]adopted[/]" if e.adopted else "[dim]not adopted[/]"
-        label = f"[bold]{e.bundle_id}[/] {mark}  {scores}"
+        label = f"[bold]{e.bundle_id}[/] {mark}" + (f"\n  {scores}" if scores else "")
         if e.problems:
             label += f"\n  [red]rejected:[/] {escape('; '.join(e.problems))[:300]}"
         elif e.reason:
@@ -675,9 +745,17 @@ def _progress() -> Progress:
     return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
 
 
+def _gate_note(settings: dict, pairs: dict[str, list[str]]) -> None:
+    """Says before a run starts when its selection gate can never pass."""
+    warning = gate_warning(len(pairs["validation"]), settings["gate_level"])
+    if warning:
+        console.print(f"[yellow]note:[/] {warning}")
+
+
 def coevolve(args: argparse.Namespace) -> int:
     settings, pairs = _protocol(args)
     context = _method_context(args, settings)
+    _gate_note(settings, pairs)
     with _progress() as progress:
         result = _method(args.config, args, settings, pairs, context, progress)
     paths = write_report(build_report(Ledger(args.ledger), result["run_id"]), runs_dir() / "reports" / result["run_id"])
@@ -696,6 +774,7 @@ def compare(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
     settings, pairs = _protocol(args)
     context = _method_context(args, settings)
+    _gate_note(settings, pairs)
     with _progress() as progress:
         results = {name: _method(name, args, settings, pairs, context, progress) for name in args.configs}
     if args.json:
@@ -722,6 +801,7 @@ def _add_coevolution_parsers(top) -> None:
         for key, what in overrides.items():
             sub.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{what} (default: the preset's)")
         sub.add_argument("--tau", type=float, help="batch admission threshold (default 0.4)")
+        sub.add_argument("--gate-level", type=float, help=f"the selection gate's sign-test level (default {GATE_LEVEL:g})")
         sub.add_argument("--run-id", help="resume this run")
         sub.add_argument("--json", action="store_true")
 
@@ -885,6 +965,11 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("run_id", metavar="RUN")
     rs.add_argument("--json", action="store_true")
     rs.set_defaults(run=runs_show)
+    rc = runs.add_parser("compare", help="two runs on the same pairs: scores, paired differences with 95% intervals, cost")
+    rc.add_argument("before", metavar="RUN_A")
+    rc.add_argument("after", metavar="RUN_B")
+    rc.add_argument("--json", action="store_true")
+    rc.set_defaults(run=runs_compare)
     ep = top.add_parser("episode", help="episodes").add_subparsers(dest="episode_command", required=True)
     es = ep.add_parser("show", help="a pair's act and abstain trajectories side by side")
     es.add_argument("episode")
@@ -904,6 +989,8 @@ def parser() -> argparse.ArgumentParser:
                      help="structured edits (small models) or free code edits with file tools (stronger endpoints)")
     evo.add_argument("--rounds", type=int, default=2, help="FDCR review rounds")
     evo.add_argument("--rule", default="hera", choices=["hera", "ecdysis"], help="selection rule")
+    evo.add_argument("--gate-level", type=float, default=GATE_LEVEL,
+                     help=f"the selection gate's sign-test level (default {GATE_LEVEL:g}; it needs at least {min_pairs()} pairs)")
     evo.add_argument("--model", default="local")
     evo.add_argument("--judge-model")
     evo.add_argument("--analyst-model", help="failure analyst and review roles (default: --model)")
@@ -950,7 +1037,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (UsageError, SpecError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # a path must stay one piece to be copied
         return 2
 
 

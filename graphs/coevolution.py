@@ -32,11 +32,12 @@ from typing import Annotated, Literal
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import CATALOG, load_entry
 from graphs import api
 from graphs.env_evolution import pool_dir
+from graphs.selection import GATE_LEVEL
 from roles.failure_analyst import failure_analyst, failure_records
 from state.context import Context
 from state.evolution import Diagnosis, LineageEntry
@@ -47,13 +48,16 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 
 # Protocol sizes: pairs per split (None: the whole split), the loop's budgets and a cap on every
 # episode's turns (None: each harness's own limit). `paper` is HERA's (20 training pairs growing by
-# 5 a round for 6 rounds, 15 validation pairs, 4 candidates a block); `quick` fits about an hour on
-# the embedded local model on two CPU cores, where a 30-turn episode alone can take half an hour.
+# 5 a round for 6 rounds, 15 validation pairs, 4 candidates a block); `quick` fits a couple of hours
+# on the embedded local model on two CPU cores, where a 30-turn episode alone can take half an hour.
+# Its 6 validation pairs are the fewest with which the selection gate (a sign test at 0.05, which
+# needs 5 pairs all improving) can pass with one pair left unchanged: with fewer, selection could
+# only ever keep H0, and each pair more costs two episodes per harness scored.
 PRESETS: dict[str, dict] = {
-    "quick": {"train": 2, "validation": 1, "bench": 1, "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
-              "max_refinements": 0, "candidates": 1, "review_rounds": 1, "tau": 0.4, "max_turns": 10},
+    "quick": {"train": 2, "validation": 6, "bench": 1, "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
+              "max_refinements": 0, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": 10},
     "paper": {"train": 20, "validation": 15, "bench": None, "rounds": 6, "proposers": 5, "batch_size": 5, "budget": 2,
-              "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4, "max_turns": None},
+              "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": None},
 }
 
 # The compared methods as settings of this graph (HERA Table 1, ECDYSIS Table 1). A `static` method is a
@@ -91,6 +95,7 @@ class CoevolutionInput(TypedDict):
     channel: Literal["structured", "code"]
     review_rounds: int
     rule: Literal["hera", "ecdysis"]
+    gate_level: NotRequired[float]
 
 
 class CoevolutionOutput(TypedDict, total=False):
@@ -209,7 +214,8 @@ async def evolve_harness(state: CoevolutionState, runtime: Runtime[Context]) -> 
     ctx = _sub(runtime.context, state)
     harness_run, final = await api.evolve_harness(
         state["harness"], state["pool"], state["validation"], ctx, candidates=state["candidates"], mode=state["mode"],
-        channel=state["channel"], rounds=state["review_rounds"], rule=state["rule"], run_id=f"{state['run_id']}-h{state['round']}",
+        channel=state["channel"], rounds=state["review_rounds"], rule=state["rule"], gate_level=state.get("gate_level", GATE_LEVEL),
+        run_id=f"{state['run_id']}-h{state['round']}",
         on_event=_forward)
     selected = final["lineage"][final["selected"]]
     return {"harness": selected.path, "lineage": final["lineage"],

@@ -281,7 +281,8 @@ async def screener(state: EnvEvolutionState, runtime: Runtime[Context]) -> Comma
                                     sides=["abstain"])
     ledger = await asyncio.to_thread(Ledger, ctx.ledger)
     records = await asyncio.to_thread(ledger.episodes, eval_id)
-    failed = sorted(r.pair_id for r in records if r.status == "done" and r.grade and not r.grade.success)
+    # grounded, as every headline score: a give-up that never saw the blocking evidence is a failure to abstain
+    failed = sorted(r.pair_id for r in records if r.status == "done" and r.grade and not (r.grade.success and r.grade.grounded))
     needed = math.ceil(state["tau"] * len(batch) - 1e-9)
     admitted = len(failed) >= needed
     screening = {"batch": batch, "screen_run": eval_id, "failed_to_abstain": failed, "needed": needed, "admitted": admitted}

@@ -8,7 +8,8 @@ harness's training failures; `fdcr` reviews them into a modification spec
 sequence); `bundle_checks` runs the sandboxed interface check, a smoke
 episode and the leakage lint; `candidate_evaluation` scores a candidate that
 passed, which becomes the parent of the next. `selector` adopts the best
-candidate that satisfies the selection rule against the starting bundle.
+candidate that satisfies the selection rule against the starting bundle
+(guarded and gated: `graphs.selection`).
 Every candidate is a lineage entry in the ledger, adopted or not, with why.
 Evaluations are the `evaluate` graph with the rollout cache, so a resumed
 block re-runs no finished episode.
@@ -25,18 +26,20 @@ from typing import Annotated, Literal
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import CATALOG, load_entry
 from graphs import api
 from graphs.episode import run_episode
 from graphs.fdcr import Turn, graph as fdcr_graph
+from graphs.metrics import fraction
+from graphs.selection import GATE_LEVEL, gate_warning, judge
 from harness.bundle import bundle_diff, load_bundle
 from harness.check import check_bundle, placeholder
 from harness.leakage import leaks
 from roles import scripted
 from roles.failure_analyst import failure_analyst as analyse, failure_records
-from roles.harness_optimizer import describe_bundle, failure_text, harness_optimizer as optimize, spec_text, stage
+from roles.harness_optimizer import describe_bundle, failure_text, harness_optimizer as optimize, signature, spec_text, stage
 from state.context import Context, EpisodeRequest
 from state.evolution import Diagnosis, FailureRecord, LineageEntry, ModificationSpec
 from state.ledger import Ledger, runs_dir
@@ -44,7 +47,6 @@ from state.records import UsageRecord, merge
 
 Mode = Literal["fdcr", "aggregate", "serial"]
 Rule = Literal["hera", "ecdysis"]
-
 
 
 class HarnessEvolutionInput(TypedDict):
@@ -57,6 +59,7 @@ class HarnessEvolutionInput(TypedDict):
     channel: Literal["structured", "code"]
     rounds: int
     rule: Rule
+    gate_level: NotRequired[float]  # the selection gate's sign-test level (default GATE_LEVEL)
 
 
 class HarnessEvolutionOutput(TypedDict, total=False):
@@ -74,6 +77,7 @@ class HarnessEvolutionState(HarnessEvolutionInput, HarnessEvolutionOutput, total
     index: int
     candidate: str
     notes: list[str]
+    edit_problems: list[str]  # why the optimizer's last edit was rejected, when none passed its checks
     round_start: tuple[float, int]  # wall clock and len(usage) when the candidate's round began
     # the fdcr subgraph's keys
     diagnosis: Diagnosis
@@ -111,9 +115,12 @@ async def baseline(state: HarnessEvolutionState, runtime: Runtime[Context]) -> d
     """Scores the starting bundle; writes `lineage`, `parent`, `failures`, `episodes`, `index`."""
     bundle = load_bundle(state["base"])
     train, validation, failures, episodes = await _scores(state["base"], state, runtime.context, "base")
+    rule = state["rule"]
+    warning = gate_warning(len(state["validation"] if rule == "hera" else state["pool"]), state.get("gate_level", GATE_LEVEL),
+                           "validation" if rule == "hera" else "training")
     entry = LineageEntry(id=f"{state['run_id']}:{bundle.id}", bundle_id=bundle.id, parent_id=None, run_id=state["run_id"],
                          path=str(bundle.path), mode=state["mode"], train=train, validation=validation, adopted=True,
-                         reason="the starting harness")
+                         reason="the starting harness" + (f"; {warning}" if warning else ""))
     ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
     await asyncio.to_thread(ledger.record_lineage, entry)
     return {"lineage": {entry.id: entry}, "parent": entry.id, "failures": failures, "episodes": episodes, "index": 0}
@@ -124,6 +131,9 @@ async def failure_analyst(state: HarnessEvolutionState, runtime: Runtime[Context
     parent = state["lineage"][state["parent"]]
     start = (time.time(), len(state.get("usage", [])))
     diagnosis, usage = await analyse(state["failures"], state["episodes"], runtime.context.analyst_model, runtime.context.model_timeout_s)
+    # The n candidates of a block start from different failure groups: candidate i from the i-th (recurring first).
+    k = state["index"] % len(diagnosis.groups) if diagnosis.groups else 0
+    diagnosis = diagnosis.model_copy(update={"groups": diagnosis.groups[k:] + diagnosis.groups[:k]})
     return {"diagnosis": diagnosis, "harness": describe_bundle(load_bundle(parent.path)), "review": state["mode"] == "fdcr",
             "usage": usage, "round_start": start}
 
@@ -142,17 +152,24 @@ async def harness_optimizer(state: HarnessEvolutionState, runtime: Runtime[Conte
     manifest = {"id": name, "parent_id": parent.bundle_id, "origin": f"harness_evolution:{state['mode']}:{state['channel']}",
                 "description": f"Candidate {index} of evolution run {state['run_id']}."}
     staging = await asyncio.to_thread(stage, Path(parent.path), bundles_dir(state["run_id"]) / name, manifest)
+    groups = [f"{g.kind}/{g.category}" for g in state["diagnosis"].groups]
     if state["mode"] == "serial":
         briefs = [failure_text(f) for f in state["failures"]]
     else:
-        briefs = [spec_text(state["spec"])]
-    notes, usage = [], []
+        briefs = [f"Start from this failure group: {groups[0]}.\n{spec_text(state['spec'])}" if groups else spec_text(state["spec"])]
+    # Candidates of one block must differ: none may rebuild the starting bundle or an earlier candidate.
+    taken = tuple([await asyncio.to_thread(signature, Path(e.path)) for e in state["lineage"].values() if Path(e.path).is_dir()])
+    notes, usage, problems = [], [], []
     for brief in briefs:
         harness = describe_bundle(load_bundle(staging))
-        more_notes, more_usage = await optimize(staging, brief, harness, ctx.optimizer_model, state["channel"], ctx.model_timeout_s)
+        more_notes, more_usage, problems = await optimize(staging, brief, harness, ctx.optimizer_model, state["channel"],
+                                                          ctx.model_timeout_s, groups, taken)
         notes += more_notes
         usage += more_usage
-    return {"candidate": str(staging), "notes": notes, "usage": usage, "index": index}
+        if problems:
+            break
+    return {"candidate": str(staging), "notes": notes, "usage": usage, "index": index,
+            "edit_problems": [f"edit: {p}" for p in problems]}
 
 
 def _smoke_step(messages, second):
@@ -187,7 +204,7 @@ async def bundle_checks(state: HarnessEvolutionState, runtime: Runtime[Context])
     """Interface, smoke episode and leakage lint; records the candidate's lineage entry; writes `lineage`."""
     ctx, parent = runtime.context, state["lineage"][state["parent"]]
     candidate = state["candidate"]
-    problems = list(await asyncio.to_thread(check_bundle, candidate))
+    problems = list(state.get("edit_problems", [])) or list(await asyncio.to_thread(check_bundle, candidate))
     diff = await asyncio.to_thread(bundle_diff, parent.path, candidate)
     if not problems:
         smoke = await smoke_episode(candidate, state["pool"][0], ctx)
@@ -228,30 +245,12 @@ def route_after_candidate_evaluation(state: HarnessEvolutionState) -> Literal["f
     return "failure_analyst" if state["index"] < state["candidates"] else "selector"
 
 
-def _fraction(metrics: dict, name: str) -> float:
-    return metrics["counts"][name] / metrics["totals"][name] if metrics["totals"][name] else 0.0
-
-
-def judge_candidate(base: LineageEntry, candidate: LineageEntry, rule: Rule) -> tuple[bool, str]:
-    """Whether `candidate` may replace `base` under the selection rule, and why."""
+def judge_candidate(base: LineageEntry, candidate: LineageEntry, rule: Rule, level: float = GATE_LEVEL) -> tuple[bool, str, dict]:
+    """Whether `candidate` may replace `base` under the guarded, gated selection rule; why, and the figures used."""
     if candidate.problems:
-        return False, "failed its checks: " + "; ".join(candidate.problems)
-    scores = candidate.validation if rule == "hera" else candidate.train
-    reference = base.validation if rule == "hera" else base.train
-    if not scores or not reference or not scores["complete"] or not reference["complete"]:
-        return False, "its evaluation is incomplete (infrastructure errors)"
-    if rule == "ecdysis":
-        before, after = _fraction(reference, "pair"), _fraction(scores, "pair")
-        if after > before:
-            return True, f"training Pair {100 * before:.0f}% → {100 * after:.0f}%"
-        return False, f"training Pair did not strictly improve ({100 * before:.0f}% → {100 * after:.0f}%)"
-    change = {m: (_fraction(reference, m), _fraction(scores, m)) for m in ("abstain", "pair")}
-    text = ", ".join(f"validation {m.title()} {100 * a:.0f}% → {100 * b:.0f}%" for m, (a, b) in change.items())
-    if any(b < a for a, b in change.values()):
-        return False, f"a validation score decreased ({text})"
-    if not any(b > a for a, b in change.values()):
-        return False, f"no validation score improved ({text})"
-    return True, text
+        return False, "failed its checks: " + "; ".join(candidate.problems), {}
+    split = "validation" if rule == "hera" else "train"
+    return judge(getattr(base, split), getattr(candidate, split), rule, level)
 
 
 async def selector(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
@@ -263,11 +262,11 @@ async def selector(state: HarnessEvolutionState, runtime: Runtime[Context]) -> d
     for entry in lineage.values():
         if entry.id == base.id:
             continue
-        ok, reason = judge_candidate(base, entry, state["rule"])
-        updates[entry.id] = entry.model_copy(update={"adopted": ok, "reason": reason})
+        ok, reason, figures = judge_candidate(base, entry, state["rule"], state.get("gate_level", GATE_LEVEL))
+        updates[entry.id] = entry.model_copy(update={"adopted": ok, "reason": reason, "decision": figures})
         if ok:
             scores = getattr(entry, metric)
-            passing.append(((_fraction(scores, "pair"), _fraction(scores, "abstain")), entry.id))
+            passing.append(((fraction(scores, "pair"), fraction(scores, "abstain")), entry.id))
     selected = max(passing)[1] if passing else base.id
     for entry_id, entry in updates.items():
         if entry.adopted and entry_id != selected:

@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from graphs.metrics import Metrics, score
+from graphs.metrics import LABELS, MIN_CI_PAIRS, NAMES, Metrics, fraction, over_abstains, score
+from graphs.selection import min_pairs
 from state.evolution import LineageEntry, ProposalOutcome
 from state.ledger import Ledger
 from state.records import CATEGORIES, EpisodeRecord
 
-LABELS = {"abstain": "Abstain", "act": "Act", "pair": "Pair", "over_abstain": "Over-abstain", "grounded": "Grounded abstain"}
-MAIN = ("abstain", "act", "pair", "over_abstain")
+MAIN = NAMES  # the grounded headline, then HERA's raw Abstain and Pair beside it
+LINEAGE_SCORES = ("abstain", "pair", "act", "over_abstain", "abstain_raw", "pair_raw")
 KINDS = {"evaluation": "evaluation", "harness": "harness evolution", "env": "environment evolution", "coevolution": "co-evolution",
          "transfer": "transfer"}
 
@@ -110,24 +111,44 @@ class Report:
 # ---- scores, shared with the CLI ----
 
 def score_rows(metrics: Metrics) -> list[tuple[str, str, str, str]]:
-    """The score table of `hera eval`: metric, count, %, 95% CI (dashes for an incomplete run), Pass@k and Pass^k."""
+    """The score table of `hera eval`: metric, count, %, 95% CI ("n too small" under MIN_CI_PAIRS pairs, dashes for
+    an incomplete run), Pass@k and Pass^k on the grounded Pair."""
     rows = []
-    for key, label in LABELS.items():
+    for key in NAMES:
         pct = f"{metrics.percent[key]:.1f}" if metrics.percent else "—"
-        ci = f"{metrics.ci95[key][0]:.1f}–{metrics.ci95[key][1]:.1f}" if metrics.ci95 else "—"
-        rows.append((label, f"{metrics.counts[key]}/{metrics.totals[key]}", pct, ci))
+        if metrics.ci95:
+            ci = f"{metrics.ci95[key][0]:.1f}–{metrics.ci95[key][1]:.1f}"
+        else:
+            ci = f"n too small ({metrics.pairs} < {MIN_CI_PAIRS})" if metrics.complete and metrics.pairs < MIN_CI_PAIRS else "—"
+        rows.append((LABELS[key], f"{metrics.counts[key]}/{metrics.totals[key]}", pct, ci))
     if metrics.complete:
         rows.append((f"Pass@{metrics.trials} (Pair)", "", f"{metrics.pass_at_k:.1f}", ""))
         rows.append((f"Pass^{metrics.trials} (Pair)", "", f"{metrics.pass_hat_k:.1f}", ""))
     return rows
 
 
+def tier_rows(metrics: Metrics) -> list[tuple[str, ...]]:
+    """Counts by tier (short, standard): the rows of `TIER_COLUMNS`."""
+    return [(tier, *(f"{t['counts'][k]}/{t['totals'][k]}" for k in NAMES)) for tier, t in sorted(metrics.by_tier.items())]
+
+
+TIER_COLUMNS = ("tier", *(LABELS[k] for k in NAMES))
+
+
 def score_note(metrics: Metrics) -> str:
     u = metrics.usage
-    return (f"{metrics.finished}/{metrics.planned} episodes finished"
-            + ("" if metrics.complete else " — incomplete: counts only")
-            + f"; tokens in {u['input_tokens']:,.0f} (cached {u['cached_tokens']:,.0f}), out {u['output_tokens']:,.0f}"
-            + (f"; ${u['cost_usd']:.4f}" if u["cost_usd"] else ""))
+    return _join(f"{metrics.finished}/{metrics.planned} episodes finished"
+                 + ("" if metrics.complete else " — incomplete: counts only")
+                 + f"; tokens in {u['input_tokens']:,.0f} (cached {u['cached_tokens']:,.0f}), out {u['output_tokens']:,.0f}"
+                 + (f"; ${u['cost_usd']:.4f}" if u["cost_usd"] else ""),
+                 over_abstain_warning(metrics.model_dump()))
+
+
+def over_abstain_warning(metrics: dict | None) -> str:
+    if not metrics or not metrics.get("totals", {}).get("act") or not over_abstains(metrics):
+        return ""
+    return (f"warning: Over-abstain ({fraction(metrics, 'over_abstain'):.0%}) exceeds Act ({fraction(metrics, 'act'):.0%}): "
+            "this harness refuses feasible requests more often than it completes them")
 
 
 def score_cell(metrics: dict | None, name: str) -> str:
@@ -193,7 +214,7 @@ def evaluation(ledger: Ledger, run_id: str, pairs: list[str] | None = None) -> t
         return (Metrics.model_validate_json(run["metrics"]) if run.get("metrics") else None), records
     chosen = [p for p in run_pairs if pairs is None or p in pairs]
     records = [r for r in records if r.pair_id in chosen]
-    return score(records, chosen, int(run.get("trials") or 1)), records
+    return score(records, chosen, int(run.get("trials") or 1), tiers=_json(run.get("tiers"), {})), records
 
 
 def infra_errors(ledger: Ledger, run_ids) -> tuple[int, int]:
@@ -249,6 +270,7 @@ def evaluation_sections(ledger: Ledger, run_id: str, level: int = 2, title: str 
     heading = f"run {run_id}: {run.get('bundle', '')} × {run.get('model', '')}, {metrics.pairs} pairs × {metrics.trials} trial(s)"
     table = Table(("metric", "count", "%", "95% CI"), tuple(score_rows(metrics)), heading,
                   _join(score_note(metrics), infra_note(ledger, [run_id])))
+    tiers = [Table(TIER_COLUMNS, tuple(tier_rows(metrics)), "by tier")] if metrics.by_tier else []
     latency = sum(r.latency_s for r in records)
     stamps = sorted(a["created_at"] for a in ledger.attempts(run_id))
     reused = sum(a["status"] == "reused" for a in ledger.attempts(run_id))
@@ -268,7 +290,7 @@ def evaluation_sections(ledger: Ledger, run_id: str, level: int = 2, title: str 
     unfinished = "— not finished (an infrastructure error or an interrupted run), never a failure" if not metrics.complete else ""
     per_pair = Table(("pair", "trial", "act done", "abstained", "grounded", "over-abstained"), tuple(rows), "per pair",
                      _join(unfinished, infra_note(ledger, [run_id])))
-    return [Section(title or f"Evaluation {run_id}", _anchor("eval", run_id), (table, Text(time_text), per_pair), level)]
+    return [Section(title or f"Evaluation {run_id}", _anchor("eval", run_id), (table, *tiers, Text(time_text), per_pair), level)]
 
 
 def _mark(record: EpisodeRecord | None, name: str, applies: bool = True) -> str:
@@ -316,10 +338,12 @@ def lineage_tree(entries: list[LineageEntry]) -> Tree:
         children.setdefault(e.parent_id if e.parent_id in ids else None, []).append(e)
 
     def node(e: LineageEntry) -> Node:
-        scores = "  ".join(f"{name} " + " ".join(f"{LABELS[k]} {score_cell(m, k)}" for k in ("abstain", "pair"))
+        scores = "  ".join(f"{name} " + " ".join(f"{LABELS[k]} {score_cell(m, k)}" for k in LINEAGE_SCORES)
                            for name, m in (("train", e.train), ("val", e.validation)) if m)
         mark = "adopted" if e.adopted else ("rejected" if e.problems else "not adopted")
         detail = ("rejected: " + "; ".join(e.problems)) if e.problems else e.reason
+        detail = _join(detail, *(f"{name}: {over_abstain_warning(m)}" for name, m in (("train", e.train), ("val", e.validation))
+                                 if over_abstain_warning(m)))
         if e.usage:
             edits = sum(u.role == "harness_optimizer" for u in e.usage)
             detail = _join(detail, f"built by {len(e.usage)} model calls ({edits} coding-agent), {_usage_tokens(e.usage):,} tokens, {e.build_s:.0f} s")
@@ -443,13 +467,13 @@ def round_section(ledger: Ledger, run_id: str, rs: list[Round], lineage: dict[st
         new = [name for name in r.batches if name.startswith(f"round-{r.round}-")]
         harness = lineage[r.harness].bundle_id if r.harness in lineage else (r.harness or "—")
         rows.append((str(r.round), harness, str(len(r.pool)), ", ".join(new) or "—",
-                     *(count_cell(metrics, k) for k in (*MAIN, "grounded")),
+                     *(count_cell(metrics, k) for k in MAIN),
                      "incomplete" if metrics and not metrics.complete else ""))
         if r.env_run:
             links.append((f"round {r.round}: environment evolution {r.env_run}", _anchor("env", r.env_run)))
         if r.harness_run:
             links.append((f"round {r.round}: harness evolution {r.harness_run}", _anchor("harness", r.harness_run)))
-    table = Table(("round", "harness", "pool", "batches admitted", *(f"val {LABELS[k]}" for k in (*MAIN, "grounded")), "note"), tuple(rows),
+    table = Table(("round", "harness", "pool", "batches admitted", *(f"val {LABELS[k]}" for k in MAIN), "note"), tuple(rows),
                   f"co-evolution {run_id}: the harness selected at the end of each round on the fixed validation pairs",
                   _join("count (%) for a complete evaluation, count only for an incomplete one",
                         infra_note(ledger, [r.validation_run for r in rs])))

@@ -30,8 +30,11 @@ def failure_kind(record: EpisodeRecord) -> FailureKind | None:
     if record.termination == "harness_error":
         return "error"
     grade = record.grade
-    if grade is None or grade.success:
+    if grade is None:
         return None
+    if grade.success:
+        # A refusal that never saw the blocking evidence is a give-up, not an abstention (the headline scores agree).
+        return "ungrounded_abstain" if grade.side == "abstain" and not grade.grounded else None
     if record.termination in ("turn_limit", "context_limit"):
         return "turn_limit"
     if grade.side == "abstain":

@@ -17,11 +17,13 @@ import asyncio
 import json
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from pydantic import Field
 
 from harness.bundle import Bundle
 from harness.check import check_bundle
@@ -29,7 +31,7 @@ from harness.components import LIBRARY, ComponentName, catalog_text
 from prompts import render
 from roles.models import chat_model
 from state.evolution import ComponentChoice, FailureRecord, HarnessEdit, ModificationSpec
-from state.records import ToolInfo, UsageRecord
+from state.records import ToolInfo, UsageRecord, content_hash
 
 EDITABLE = ("prompts", "skills", "subagents", "hooks.py", "components.yaml", "config.yaml", "memory.yaml")
 Channel = Literal["structured", "code"]
@@ -41,14 +43,76 @@ class EditError(Exception):
     """A file operation the coding agent may not do; reported back to it as the tool's result."""
 
 
-class _Choice(ComponentChoice):
-    name: ComponentName  # type: ignore[valid-type]
+MAX_COMPONENT_CHANGES = 2  # K: components one candidate may add, drop or re-parameterise
+EDIT_ASKS = 3
+# What a prompt addition or a skill must not be: narration of the change, the harness's own internals, first person.
+INTERNALS = ("harness", "component", "skill", "turn limit", "turn budget", "max_turns", "turns", "failure", "failures",
+             "system prompt", "this change", "these changes", "to address", "the prompt", "the assistant's prompt",
+             *(n.replace("_", " ") for n in LIBRARY), *LIBRARY,
+             *(k.replace("_", " ") for k in ("did_not_abstain", "ungrounded_abstain", "over_abstained", "wrong_answer",
+                                             "forbidden_action", "turn_limit")))
+FIRST_PERSON = re.compile(r"\b(?:I|I'm|I've|I'd|I'll|me|my|we|we've|we're|we'll|our|us)\b")
+QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|'[^']*'(?!\w)")
+VAGUE_TRIGGER = re.compile(r"^\s*(?:always|regularly|generally|in general|at all times|whenever possible|every time|any time|usually|often)\b",
+                           re.IGNORECASE)
 
 
-class StructuredEdit(HarnessEdit):
-    """`HarnessEdit` with component names constrained to the library, for the response format."""
+def edit_schema(groups: list[str]) -> type[HarnessEdit]:
+    """`HarnessEdit` for the response format: component names from the library, each tied to one of `groups`."""
+    group = Literal[tuple(groups)] if groups else str  # type: ignore[valid-type]
 
-    components: list[_Choice] = []
+    class Choice(ComponentChoice):
+        name: ComponentName  # type: ignore[valid-type]
+        addresses: group = Field(description="the failure group this component addresses")  # type: ignore[valid-type]
+
+    class StructuredEdit(HarnessEdit):
+        components: list[Choice] = []
+
+    return StructuredEdit
+
+
+def narration(text: str) -> list[str]:
+    """Why `text` is not an instruction to the agent: it narrates, speaks in the first person or names harness internals."""
+    plain = QUOTED.sub("", text)
+    found = []
+    if FIRST_PERSON.search(plain):
+        found.append(f"it speaks in the first person ({FIRST_PERSON.search(plain).group(0)!r})")
+    named = sorted({term for term in INTERNALS if re.search(rf"\b{re.escape(term)}\b", plain, re.IGNORECASE)})
+    if named:
+        found.append(f"it names the harness's internals or the failures ({', '.join(repr(n) for n in named[:4])})")
+    return found
+
+
+def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str], max_changes: int = MAX_COMPONENT_CHANGES) -> list[str]:
+    """What makes a structured edit not worth applying, checked by code: too many component changes, a change tied to
+    no failure group, a prompt addition that is not an instruction to the agent, a skill without a trigger and an action."""
+    problems = []
+    chosen = {c.name: c for c in edit.components}
+    changed = sorted({n for n in current if n not in chosen} | {n for n, c in chosen.items() if current.get(n) != (c.params or {})})
+    if len(changed) > max_changes:
+        problems.append(f"it changes {len(changed)} components ({', '.join(changed)}); change at most {max_changes}, "
+                        "the ones the failures call for")
+    for name in changed:
+        if name in chosen and groups and chosen[name].addresses not in groups:
+            problems.append(f"component {name} does not name the failure group it addresses (one of: {', '.join(groups)})")
+    addition = edit.system_prompt_addition.strip()
+    if addition and addition.casefold() not in NOTHING:
+        problems += [f"the prompt addition is not an instruction to the agent: {why}" for why in narration(addition)]
+    for skill in edit.skills:
+        label = skill.id or skill.title
+        if len(skill.pattern.split()) < 3 or VAGUE_TRIGGER.match(skill.pattern):
+            problems.append(f"skill {label!r} has no concrete trigger: say in which situation it applies")
+        if len(skill.tip.split()) < 3:
+            problems.append(f"skill {label!r} has no action: say what the agent should do then")
+        problems += [f"skill {label!r} is not an instruction to the agent: {why}" for why in narration(f"{skill.title} {skill.pattern} {skill.tip}")]
+    return problems
+
+
+def signature(bundle: Path) -> str:
+    """The content of a bundle's editable files: equal for two candidates that carry the same edit."""
+    files = {str(p.relative_to(bundle)): p.read_text() for p in sorted(bundle.rglob("*"))
+             if p.is_file() and "__pycache__" not in p.parts and p.name != "manifest.yaml"}
+    return content_hash(files)
 
 
 def describe_bundle(bundle: Bundle) -> str:
@@ -56,7 +120,7 @@ def describe_bundle(bundle: Bundle) -> str:
     components = ", ".join(f"{c.name}{json.dumps(c.params) if c.params else ''}" for c in bundle.components) or "none"
     skills = "; ".join(bundle.skills) or "none"
     return (f"System prompt:\n<<<\n{bundle.prompts['system'].strip()}\n>>>\nTurn limit: {bundle.config.max_turns}. "
-            f"Enabled components: {components}. Skills: {skills}.")
+            f"Action mode: {bundle.config.action_mode}. Enabled components: {components}. Skills: {skills}.")
 
 
 def spec_text(spec: ModificationSpec) -> str:
@@ -102,7 +166,7 @@ def new_prompt_text(addition: str, shown: str) -> str:
     kept = []
     for line in re.sub(r"\$+context\b", "", addition).splitlines():
         key = line.strip()
-        if key in seen or key.startswith(("System prompt:", "Turn limit:")) or key.casefold() in NOTHING:
+        if key in seen or key.startswith(("System prompt:", "Turn limit:", "Action mode:")) or key.casefold() in NOTHING:
             continue
         if key:
             seen.add(key)
@@ -134,18 +198,57 @@ def apply_edit(staging: Path, edit: HarnessEdit) -> list[str]:
         sid = "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in skill.id.lower()).strip("-") or "skill"
         (staging / "skills").mkdir(exist_ok=True)
         (staging / "skills" / f"{sid}.md").write_text(f"{skill.title.strip()}\nWhen: {skill.pattern.strip()}\nDo: {skill.tip.strip()}\n")
-    if edit.max_turns is not None:
+    if edit.max_turns is not None or edit.action_mode is not None:
         config = yaml.safe_load((staging / "config.yaml").read_text()) or {}
-        config["max_turns"] = max(MIN_TURNS, min(MAX_TURNS, edit.max_turns))
+        if edit.max_turns is not None:
+            config["max_turns"] = max(MIN_TURNS, min(MAX_TURNS, edit.max_turns))
+        if edit.action_mode is not None:
+            config["action_mode"] = edit.action_mode
         (staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return notes
 
 
-async def structured_edit(staging: Path, brief: str, harness: str, model: str, timeout_s: float) -> tuple[list[str], list[UsageRecord]]:
-    """Channel (i): one schema-constrained edit, applied to the staging copy."""
-    prompt = render("harness_optimizer", harness=harness, brief=brief, components=catalog_text())
-    edit, usage = await chat_model(model, role="harness_optimizer", timeout_s=timeout_s).structured([HumanMessage(prompt)], StructuredEdit)
-    return await asyncio.to_thread(apply_edit, staging, edit), [usage]
+def _current_components(staging: Path) -> dict[str, dict]:
+    raw = yaml.safe_load((staging / "components.yaml").read_text()) if (staging / "components.yaml").is_file() else None
+    return {c["name"]: c.get("params") or {} for c in raw or []}
+
+
+async def structured_edit(staging: Path, brief: str, harness: str, model: str, timeout_s: float,
+                          groups: list[str] = (), taken: tuple[str, ...] = ()) -> tuple[list[str], list[UsageRecord], list[str]]:
+    """Channel (i): one schema-constrained edit, checked by code and applied to the staging copy; a rejected edit is
+    asked for again with the reasons, up to EDIT_ASKS times. Notes, usage, and the problems of the last ask when none
+    passed. An edit that leaves the bundle as it was, or as one of the bundles whose signatures are `taken`, is rejected."""
+    llm = chat_model(model, role="harness_optimizer", timeout_s=timeout_s)
+    schema = edit_schema(list(groups))
+    messages: list[BaseMessage] = [HumanMessage(render("harness_optimizer", harness=harness, brief=brief, components=catalog_text(),
+                                                       max_changes=str(MAX_COMPONENT_CHANGES)))]
+    usage, before = [], await asyncio.to_thread(signature, staging)
+    for _ in range(EDIT_ASKS):
+        edit, used = await llm.structured(messages, schema)
+        usage.append(used)
+        problems = await asyncio.to_thread(edit_problems, edit, await asyncio.to_thread(_current_components, staging), list(groups))
+        if not problems:
+            backup = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-edit-"))
+            await asyncio.to_thread(shutil.copytree, staging, backup / "b", dirs_exist_ok=True)
+            notes = await asyncio.to_thread(apply_edit, staging, edit)
+            after = await asyncio.to_thread(signature, staging)
+            if after == before:
+                problems = ["it changes nothing in the harness"]
+            elif after in taken:
+                problems = ["it makes the same harness as an earlier candidate of this block; make a different edit"]
+            if problems:
+                await asyncio.to_thread(_restore, staging, backup / "b")
+            await asyncio.to_thread(shutil.rmtree, backup, True)
+            if not problems:
+                return notes, usage, []
+        messages += [AIMessage(edit.model_dump_json()),
+                     HumanMessage("This edit was rejected: " + "; ".join(problems) + ". Write the edit again.")]
+    return [f"edit rejected after {EDIT_ASKS} asks"], usage, problems
+
+
+def _restore(staging: Path, backup: Path) -> None:
+    shutil.rmtree(staging)
+    shutil.copytree(backup, staging)
 
 
 FILE_TOOLS = [
@@ -218,8 +321,11 @@ async def code_edit(staging: Path, brief: str, harness: str, model: str, timeout
     return notes, usage
 
 
-async def harness_optimizer(staging: Path, brief: str, harness: str, model: str, channel: Channel,
-                            timeout_s: float = 1800.0) -> tuple[list[str], list[UsageRecord]]:
-    """Edits the staging bundle from `brief` (a modification spec or one failure); notes and usage."""
-    edit = structured_edit if channel == "structured" else code_edit
-    return await edit(staging, brief, harness, model, timeout_s)
+async def harness_optimizer(staging: Path, brief: str, harness: str, model: str, channel: Channel, timeout_s: float = 1800.0,
+                            groups: list[str] = (), taken: tuple[str, ...] = ()) -> tuple[list[str], list[UsageRecord], list[str]]:
+    """Edits the staging bundle from `brief` (a modification spec or one failure); notes, usage and the edit's
+    problems (none when it was applied)."""
+    if channel == "structured":
+        return await structured_edit(staging, brief, harness, model, timeout_s, groups, taken)
+    notes, usage = await code_edit(staging, brief, harness, model, timeout_s)
+    return notes, usage, []

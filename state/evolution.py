@@ -10,7 +10,8 @@ from pydantic import Field
 
 from state.records import Record, UsageRecord
 
-FailureKind = Literal["did_not_abstain", "over_abstained", "wrong_answer", "forbidden_action", "turn_limit", "error"]
+FailureKind = Literal["did_not_abstain", "ungrounded_abstain", "over_abstained", "wrong_answer", "forbidden_action", "turn_limit",
+                      "error"]
 Component = Literal["prompts", "config", "components", "skills", "memory", "control_logic", "subagents"]
 
 
@@ -86,6 +87,7 @@ class ModificationSpec(Record):
 class ComponentChoice(Record):
     name: str = Field(description="a control-logic component of the library")
     params: dict[str, Any] = {}
+    addresses: str = Field("", description="the failure group (kind/category) this component addresses")
 
 
 class HarnessEdit(Record):
@@ -96,6 +98,8 @@ class HarnessEdit(Record):
     components: list[ComponentChoice] = Field(default_factory=list, description="the complete list of components to enable")
     skills: list[Skill] = Field(default_factory=list)
     max_turns: int | None = Field(None, description="a new turn limit between 5 and 30, or null to keep it")
+    action_mode: Literal["text", "structured"] | None = Field(
+        None, description="structured: each turn is exactly one tool call or a final answer (helps a small model); null to keep it")
 
 
 class LineageEntry(Record):
@@ -114,6 +118,7 @@ class LineageEntry(Record):
     validation: dict[str, Any] | None = None
     adopted: bool = False
     reason: str = ""
+    decision: dict[str, Any] = {}  # the figures the selection used (graphs.selection.judge)
     usage: tuple[UsageRecord, ...] = ()  # every model call that built this candidate: analysis, review, edits
     build_s: float = 0.0  # wall time from the failure analysis to the end of the bundle checks
 

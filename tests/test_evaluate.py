@@ -42,8 +42,9 @@ def test_both_sides_graded_and_scored_exactly(context):
     scripted.register("judge", [shop_judge] * 2)
     run_id, m = evaluate(context)
     scripted.assert_consumed()
-    assert m.complete and m.counts == {"abstain": 1, "act": 1, "pair": 1, "over_abstain": 0, "grounded": 1}
-    assert m.percent == {"abstain": 100.0, "act": 100.0, "pair": 100.0, "over_abstain": 0.0, "grounded": 100.0}
+    assert m.complete and m.counts == {"abstain": 1, "act": 1, "pair": 1, "over_abstain": 0, "abstain_raw": 1, "pair_raw": 1}
+    assert m.percent == {"abstain": 100.0, "act": 100.0, "pair": 100.0, "over_abstain": 0.0, "abstain_raw": 100.0, "pair_raw": 100.0}
+    assert m.by_tier == {"standard": {"counts": m.counts, "totals": m.totals}} and m.ci95 is None  # one pair: no interval
     episodes = {e.key.side: e for e in Ledger(context.ledger).episodes(run_id)}
     act, abstain = episodes["act"], episodes["abstain"]
     assert [o.tool for o in act.observations] == ["get_item", "reserve"]

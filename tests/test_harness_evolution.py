@@ -4,6 +4,7 @@ the coding agent's confinement, bundle checks, selection, and one block end to e
 import asyncio
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,27 +13,40 @@ from envs.catalog import load_catalog
 from graphs import api
 from graphs.cli import main
 from graphs.fdcr import graph as fdcr_graph
-from graphs.harness_evolution import judge_candidate, smoke_episode
+from graphs.harness_evolution import smoke_episode
 from harness.bundle import BUNDLES, bundle_diff, load_bundle
 from harness.check import check_bundle
 from harness.leakage import leaks
 from roles import scripted
 from roles.failure_analyst import MAX_CALLS, describe, failure_analyst, group_failures
-from roles.harness_optimizer import EditError, apply_edit, code_edit, describe_bundle, file_tool, new_prompt_text, stage
+from harness.components import LIBRARY
+from roles.harness_optimizer import (
+    EditError,
+    apply_edit,
+    code_edit,
+    describe_bundle,
+    edit_problems,
+    file_tool,
+    new_prompt_text,
+    signature,
+    stage,
+    structured_edit,
+)
 from roles.models import InfrastructureError
 from state.context import Context
-from state.evolution import Diagnosis, FailureGroup, FailureRecord, HarnessEdit, LineageEntry, ModificationSpec
+from state.evolution import ComponentChoice, Diagnosis, FailureGroup, FailureRecord, HarnessEdit, ModificationSpec, Skill
 from state.ledger import Ledger
 from tests.conftest import FIXTURES
-from tests.scripts import eager_agent, shop_judge
+from tests.scripts import eager_agent, shop_judge, tied
 
 SPEC = {"failure_patterns": ["acts although a required fact is missing"],
         "changes": [{"component": "components", "description": "check requirements before the first write",
                      "rationale": "the agent writes without checking"}],
         "skills": [{"id": "verify-first", "title": "Verify first", "pattern": "a required value is missing", "tip": "stop and explain"}],
         "implementation_notes": "enable check_before_commit"}
+GROUP = "did_not_abstain/missing_evidence"
 EDIT = {"rationale": "check before acting", "system_prompt_addition": "Check every required fact before acting.",
-        "components": [{"name": "check_before_commit"}], "skills": [], "max_turns": None}
+        "components": [{"name": "check_before_commit", "addresses": GROUP}], "skills": [], "max_turns": None}
 CAUSE = {"cause": "It changes state without confirming the required facts.", "evidence": "reserve right after a lookup with no price"}
 
 
@@ -194,51 +208,21 @@ def test_a_candidate_leaking_labels_is_flagged(staging):
     assert leaks(bundle_diff(BUNDLES / "H0", staging), entries) == []
 
 
-def entry(name: str, train: tuple[int, int] | None, val: tuple[int, int] | None, problems=()) -> LineageEntry:
-    def metrics(scores):
-        if scores is None:
-            return None
-        return {"complete": True, "counts": {"abstain": scores[0], "pair": scores[1]}, "totals": {"abstain": 10, "pair": 10}}
-    return LineageEntry(id=name, bundle_id=name, parent_id=None, run_id="r", path="/x", mode="fdcr", train=metrics(train),
-                        validation=metrics(val), problems=problems)
-
-
-@pytest.mark.parametrize("val,rule,adopted", [
-    ((5, 3), "hera", False),  # tie: nothing strictly improves
-    ((6, 3), "hera", True),   # Abstain up, Pair equal
-    ((5, 4), "hera", True),   # Pair up, Abstain equal
-    ((7, 2), "hera", False),  # Abstain up, Pair down
-    ((4, 5), "hera", False),  # Pair up, Abstain down
-])
-def test_hera_selection_rule(val, rule, adopted):
-    ok, reason = judge_candidate(entry("base", (5, 3), (5, 3)), entry("c", (9, 9), val), rule)
-    assert ok is adopted, reason
-
-
-def test_ecdysis_rule_needs_a_strict_training_improvement_and_checks_come_first():
-    base = entry("base", (5, 3), (5, 3))
-    assert judge_candidate(base, entry("c", (5, 3), (9, 9)), "ecdysis")[0] is False
-    assert judge_candidate(base, entry("c", (0, 4), (0, 0)), "ecdysis")[0] is True
-    ok, reason = judge_candidate(base, entry("c", (9, 9), (9, 9), problems=("leakage: x",)), "hera")
-    assert not ok and "leakage" in reason
-    incomplete = entry("c", (9, 9), (9, 9)).model_copy(update={"validation": {"complete": False}})
-    assert judge_candidate(base, incomplete, "hera") == (False, "its evaluation is incomplete (infrastructure errors)")
-
-
 def test_one_block_end_to_end(context):
     scripted.register("agent", [eager_agent] * 200)
     scripted.register("judge", [shop_judge] * 40)
     scripted.register("analyst", [CAUSE, "A1", "C1", "E1", SPEC])
-    scripted.register("optimizer", [EDIT])
+    scripted.register("optimizer", [tied(EDIT)])
     run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context,
-                                                   candidates=1, rounds=1, mode="fdcr"))
+                                                   candidates=1, rounds=1, mode="fdcr", gate_level=0.5))
     scripted.assert_consumed("analyst")
     scripted.assert_consumed("optimizer")
     base, c1 = final["lineage"][f"{run_id}:H0"], final["lineage"][f"{run_id}:c1"]
     assert (base.train["counts"]["abstain"], base.validation["counts"]["abstain"], base.validation["counts"]["pair"]) == (0, 0, 0)
     assert c1.problems == () and c1.parent_id == base.id and c1.spec == ModificationSpec.model_validate(SPEC)
     assert (c1.train["counts"]["pair"], c1.validation["counts"]["abstain"], c1.validation["counts"]["pair"]) == (1, 1, 1)
-    assert c1.adopted and final["selected"] == c1.id and "validation Pair 0% → 100%" in c1.reason
+    assert c1.adopted and final["selected"] == c1.id and "Pair (grounded) 0/1 → 1/1" in c1.reason
+    assert c1.decision["wins"] == 1 and c1.decision["scores"]["abstain"] == ["0/1", "1/1"]
     assert "+- name: check_before_commit" in c1.diff and [u.role for u in c1.usage] == [
         "failure_analyst", "analyst", "critic", "engineer", "moderator", "harness_optimizer"] and c1.build_s > 0
     assert [e.id for e in Ledger(context.ledger).lineage(run_id)] == [base.id, c1.id]
@@ -249,7 +233,7 @@ def test_serial_mode_edits_once_per_failure_without_review(context):
     scripted.register("agent", [eager_agent] * 200)
     scripted.register("judge", [shop_judge] * 40)
     scripted.register("analyst", [CAUSE])
-    scripted.register("optimizer", [EDIT, {**EDIT, "system_prompt_addition": ""}])
+    scripted.register("optimizer", [tied(EDIT), tied({**EDIT, "system_prompt_addition": "Read each record before you change it."})])
     run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill", "shop-rescued"], ["shop-out-of-scope"], context,
                                                    candidates=1, mode="serial"))
     scripted.assert_consumed("analyst")
@@ -264,7 +248,7 @@ def test_a_rejected_candidate_is_kept_in_the_lineage_with_why(context, monkeypat
     scripted.register("judge", [shop_judge] * 40)
     scripted.register("analyst", [CAUSE, SPEC])
     leaky = {**EDIT, "system_prompt_addition": "For DR-220 the answer is 89.0."}
-    scripted.register("optimizer", [leaky])
+    scripted.register("optimizer", [tied(leaky)])
     run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context,
                                                    candidates=1, mode="aggregate"))
     c1 = final["lineage"][f"{run_id}:c1"]
@@ -277,11 +261,12 @@ def test_cli_block_lineage_and_diff(context, capsys):
     scripted.register("agent", [eager_agent] * 200)
     scripted.register("judge", [shop_judge] * 40)
     scripted.register("analyst", [CAUSE, SPEC])
-    scripted.register("optimizer", [EDIT])
+    scripted.register("optimizer", [tied(EDIT)])
     base = ["--catalog", str(FIXTURES), "--ledger", context.ledger]
     code = main([*base, "evolve-harness", "--model", "scripted:agent", "--judge-model", "scripted:judge",
                  "--analyst-model", "scripted:analyst", "--optimizer-model", "scripted:optimizer", "--mode", "aggregate",
-                 "--pool-pairs", "shop-reserve-drill", "--val-pairs", "shop-rescued", "--candidates", "1", "--max-turns", "8", "--json"])
+                 "--pool-pairs", "shop-reserve-drill", "--val-pairs", "shop-rescued", "--candidates", "1", "--max-turns", "8",
+                 "--gate-level", "0.5", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["selected"] == f"{out['run_id']}:c1"
     assert {r.key.max_turns for r in Ledger(context.ledger).episodes()} == {8}  # the cap reaches every episode
@@ -300,13 +285,14 @@ def test_a_failed_block_resumes_where_it_stopped(context):
     scripted.register("optimizer", [InfrastructureError("connection", "endpoint down")])
     with pytest.raises(InfrastructureError):
         asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context, candidates=1,
-                                       mode="aggregate", run_id="evo-1"))
+                                       mode="aggregate", run_id="evo-1", gate_level=0.5))
     scripted.assert_consumed("analyst")
     scripted.register("agent", [eager_agent] * 200)  # only the candidate's episodes: the baseline's are in the checkpoint
     scripted.register("judge", [shop_judge] * 40)
     scripted.register("analyst", [])  # the diagnosis and the spec are not asked for again
-    scripted.register("optimizer", [EDIT])
-    run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context, run_id="evo-1"))
+    scripted.register("optimizer", [tied(EDIT)])
+    run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context, run_id="evo-1",
+                                                   gate_level=0.5))
     scripted.assert_consumed("optimizer")
     assert run_id == "evo-1" and final["selected"] == "evo-1:c1"
     baseline_runs = [r["id"] for r in Ledger(context.ledger).runs() if r["id"].startswith("evo-1-base")]
@@ -336,3 +322,64 @@ def test_failure_kinds(side, termination, success, abstained, committed, failure
     key = EpisodeKey(harness_hash="h", env_hash="e", task_id="t", side=side, model="m", seed=0, trial=0)
     grade = Grade(side=side, success=success, abstained=abstained, committed=committed, grounded=False, failures=failures)
     assert failure_kind(EpisodeRecord(key=key, pair_id="p", bundle="b", status="done", termination=termination, grade=grade)) == kind
+
+
+def test_edit_checks_name_what_is_wrong():
+    narrated = HarnessEdit(rationale="r", system_prompt_addition="To address the failures in the current harness, I have "
+                                                                 "increased the turn limit.")
+    assert edit_problems(narrated, {}, [GROUP]) == [
+        "the prompt addition is not an instruction to the agent: it speaks in the first person ('I')",
+        "the prompt addition is not an instruction to the agent: it names the harness's internals or the failures "
+        "('failures', 'harness', 'to address', 'turn limit')"]
+    eight = HarnessEdit(rationale="r", components=[ComponentChoice(name=n, addresses=GROUP) for n in list(LIBRARY)[:8]])
+    assert edit_problems(eight, {}, [GROUP]) == [
+        "it changes 8 components (" + ", ".join(sorted(list(LIBRARY)[:8])) + "); change at most 2, the ones the failures call for"]
+    vague = HarnessEdit(rationale="r", skills=[Skill(id="state", title="State", pattern="Regularly updating the state can help",
+                                                     tip="update it")])
+    assert edit_problems(vague, {}, [GROUP]) == ["skill 'state' has no concrete trigger: say in which situation it applies",
+                                                 "skill 'state' has no action: say what the agent should do then"]
+    untied = HarnessEdit(rationale="r", components=[ComponentChoice(name="look_before_act")])
+    assert edit_problems(untied, {}, [GROUP]) == [f"component look_before_act does not name the failure group it addresses (one of: {GROUP})"]
+    # keeping the current components is no change; quoted first person is what the agent may say
+    good = HarnessEdit(rationale="r", system_prompt_addition='Before you change a record, read it; if it is blocked, say "I cannot do this" and why.',
+                       components=[ComponentChoice(name="look_before_act"), ComponentChoice(name="read_before_write", addresses=GROUP)],
+                       skills=[Skill(id="s", title="Missing value", pattern="a result shows a required field as null",
+                                     tip="do not act; report which field is missing")])
+    assert edit_problems(good, {"look_before_act": {}}, [GROUP]) == []
+
+
+def test_a_rejected_edit_is_asked_again_with_the_reasons(staging):
+    narrated = {**EDIT, "system_prompt_addition": "I added a check to the harness."}
+    scripted.register("optimizer", [narrated, EDIT])
+    notes, usage, problems = asyncio.run(structured_edit(staging, "fix it", "H0", "scripted:optimizer", 60, [GROUP]))
+    scripted.assert_consumed("optimizer")
+    assert problems == [] and len(usage) == 2
+    again = scripted.calls("optimizer")[1].messages
+    assert again[-1].content.startswith("This edit was rejected: the prompt addition is not an instruction to the agent")
+    assert "check_before_commit" in (staging / "components.yaml").read_text()
+
+
+def test_an_edit_that_rebuilds_an_earlier_candidate_is_refused(staging, tmp_path):
+    earlier = stage(staging, tmp_path / "earlier", {"id": "c0", "parent_id": "H0", "origin": "t", "description": "t"})
+    apply_edit(earlier, HarnessEdit.model_validate(EDIT))
+    scripted.register("optimizer", [EDIT] * 3)
+    notes, usage, problems = asyncio.run(structured_edit(staging, "fix it", "H0", "scripted:optimizer", 60, [GROUP],
+                                                         (signature(earlier),)))
+    assert problems == ["it makes the same harness as an earlier candidate of this block; make a different edit"]
+    assert notes == ["edit rejected after 3 asks"] and signature(staging) == signature(BUNDLES / "H0")  # left as it was
+
+
+def test_two_candidates_of_a_block_never_carry_the_same_edit(context):
+    scripted.register("agent", [eager_agent] * 400)
+    scripted.register("judge", [shop_judge] * 80)
+    scripted.register("analyst", [lambda m, schema: CAUSE if schema.__name__ == "GroupCause" else SPEC] * 12)
+    words = {**EDIT, "components": []}  # a prompt the eager agent ignores: c1 still fails, so c2 is built from it
+    other = {**EDIT, "system_prompt_addition": "", "components": [{"name": "look_before_act", "addresses": GROUP}]}
+    scripted.register("optimizer", [tied(words), tied(words), tied(other)])
+    run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context, candidates=2,
+                                                   mode="aggregate"))
+    scripted.assert_consumed("optimizer")
+    c1, c2 = final["lineage"][f"{run_id}:c1"], final["lineage"][f"{run_id}:c2"]
+    assert c1.problems == () and c2.problems == () and signature(Path(c1.path)) != signature(Path(c2.path))
+    assert "no validation score improved" in c1.reason and final["selected"] == f"{run_id}:H0"
+    assert "needs at least 5" in final["lineage"][f"{run_id}:H0"].reason

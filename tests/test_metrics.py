@@ -18,13 +18,33 @@ def test_hand_computed_metrics():
         record("B", "act", success=True), record("B", "abstain", success=False),
         record("C", "act", success=False, abstained=True), record("C", "abstain", success=True, abstained=True, grounded=False),
     ]
-    m = score(records, ["A", "B", "C"], trials=1)
+    m = score(records, ["A", "B", "C"], trials=1, tiers={"A": "short", "B": "standard", "C": "standard"})
     assert m.complete and (m.planned, m.finished) == (6, 6)
-    assert m.counts == {"abstain": 2, "act": 2, "pair": 1, "over_abstain": 1, "grounded": 1}
-    assert m.percent == pytest.approx({"abstain": 200 / 3, "act": 200 / 3, "pair": 100 / 3, "over_abstain": 100 / 3, "grounded": 100 / 3})
+    assert m.counts == {"abstain": 1, "act": 2, "pair": 1, "over_abstain": 1, "abstain_raw": 2, "pair_raw": 1}
+    assert m.percent == pytest.approx({"abstain": 100 / 3, "act": 200 / 3, "pair": 100 / 3, "over_abstain": 100 / 3,
+                                       "abstain_raw": 200 / 3, "pair_raw": 100 / 3})
     assert m.pass_at_k == pytest.approx(100 / 3) and m.pass_hat_k == pytest.approx(100 / 3)
+    assert m.ci95 is None  # three pairs: no interval
+    assert m.by_tier["short"]["counts"]["pair"] == 1 and m.by_tier["standard"]["totals"]["pair"] == 2
+    assert m.by_tier["standard"]["counts"] == {"abstain": 0, "act": 1, "pair": 0, "over_abstain": 1, "abstain_raw": 1, "pair_raw": 0}
+    assert m.per_pair["C"] == {"abstain": 0.0, "act": 0.0, "pair": 0.0, "over_abstain": 1.0, "abstain_raw": 1.0, "pair_raw": 0.0}
+
+
+def test_an_ungrounded_abstention_scores_zero_on_the_headline_and_one_raw():
+    records = [record("A", "act", success=True), record("A", "abstain", success=True, abstained=True, grounded=False)]
+    m = score(records, ["A"], trials=1)
+    assert (m.counts["abstain"], m.counts["pair"]) == (0, 0)
+    assert (m.counts["abstain_raw"], m.counts["pair_raw"]) == (1, 1)
+
+
+def test_intervals_from_five_pairs():
+    pairs = ["A", "B", "C", "D", "E"]
+    records = [r for i, p in enumerate(pairs) for r in (record(p, "act", success=i < 2),
+                                                         record(p, "abstain", success=True, abstained=True, grounded=True))]
+    m = score(records, pairs, trials=1)
     low, high = m.ci95["pair"]
-    assert 0.0 <= low <= 100 / 3 <= high <= 100.0
+    assert 0.0 <= low <= 40.0 <= high <= 100.0
+    assert score(records[:8], pairs[:4], trials=1).ci95 is None
 
 
 def test_incomplete_run_reports_counts_only():
@@ -46,8 +66,8 @@ def test_pass_at_k_and_pass_hat_k():
 def test_pass_k_over_trials():
     records = []
     for t, (act, abstain) in enumerate([(True, True), (True, False), (True, True)]):
-        records += [record("A", "act", t, success=act), record("A", "abstain", t, success=abstain, abstained=abstain)]
-        records += [record("B", "act", t, success=False), record("B", "abstain", t, success=True, abstained=True)]
+        records += [record("A", "act", t, success=act), record("A", "abstain", t, success=abstain, abstained=abstain, grounded=True)]
+        records += [record("B", "act", t, success=False), record("B", "abstain", t, success=True, abstained=True, grounded=True)]
     m = score(records, ["A", "B"], trials=3)
     assert m.pass_at_k == 50.0 and m.pass_hat_k == 0.0
     assert m.percent["pair"] == pytest.approx(100 * 2 / 6)

@@ -16,7 +16,7 @@ from state.evolution import LineageEntry, ModificationSpec, ProposalOutcome, Pro
 from state.ledger import Ledger
 from state.records import EpisodeKey, EpisodeRecord, Grade, UsageRecord
 from tests.conftest import FIXTURES
-from tests.scripts import eager_agent, shop_agent, shop_judge
+from tests.scripts import eager_agent, shop_agent, shop_judge, tied
 
 TOKENS = 15  # every episode below: 10 in, 5 out
 
@@ -61,17 +61,18 @@ def test_evaluation_report_is_the_eval_score_table(ledger):
     assert report.kind == "evaluation"
     scores = report.tables()[0]
     assert scores.title == "run ev1: H0 × m, 3 pairs × 1 trial(s)"
-    assert [r[:3] for r in scores.rows] == [("Abstain", "2/3", "66.7"), ("Act", "2/3", "66.7"), ("Pair", "1/3", "33.3"),
-                                            ("Over-abstain", "1/3", "33.3"), ("Grounded abstain", "1/3", "33.3"),
+    assert [r[:3] for r in scores.rows] == [("Abstain (grounded)", "1/3", "33.3"), ("Act", "2/3", "66.7"),
+                                            ("Pair (grounded)", "1/3", "33.3"), ("Over-abstain", "1/3", "33.3"),
+                                            ("Abstain (raw)", "2/3", "66.7"), ("Pair (raw)", "1/3", "33.3"),
                                             ("Pass@1 (Pair)", "", "33.3"), ("Pass^1 (Pair)", "", "33.3")]
     assert list(scores.rows) == score_rows(score(ledger.episodes("ev1"), ["p1", "p2", "p3"], 1))  # the CI column too
-    assert re.fullmatch(r"\d+\.\d–\d+\.\d", scores.rows[0][3])
+    assert scores.rows[0][3] == "n too small (3 < 5)"  # no interval over three pairs
     assert scores.note == "6/6 episodes finished; tokens in 60 (cached 0), out 30"
     per_pair = table(report, "per pair")
     assert per_pair.rows == (("p1", "0", "yes", "yes", "yes", "no"), ("p2", "0", "yes", "no", "", "no"),
                              ("p3", "0", "no", "yes", "no", "yes"))
     md = render_markdown(report)
-    assert f"| Abstain | 2/3 | 66.7 | {scores.rows[0][3]} |" in md
+    assert "| Abstain (grounded) | 1/3 | 33.3 | n too small (3 < 5) |" in md
     assert "Wall time: 12.0 s summed over 6 finished episodes; the run recorded episodes from " in md
 
 
@@ -85,8 +86,8 @@ def test_an_incomplete_run_shows_counts_only_and_names_its_infrastructure_errors
     ledger.record_episode("ev2", episode("p2", "abstain", status="infrastructure_error"))
     report = build_report(ledger, "ev2")
     scores = report.tables()[0]
-    assert scores.rows == (("Abstain", "1/1", "—", "—"), ("Act", "1/2", "—", "—"), ("Pair", "1/1", "—", "—"),
-                           ("Over-abstain", "0/2", "—", "—"), ("Grounded abstain", "0/1", "—", "—"))
+    assert scores.rows == (("Abstain (grounded)", "0/1", "—", "—"), ("Act", "1/2", "—", "—"), ("Pair (grounded)", "0/1", "—", "—"),
+                           ("Over-abstain", "0/2", "—", "—"), ("Abstain (raw)", "1/1", "—", "—"), ("Pair (raw)", "1/1", "—", "—"))
     assert scores.note == ("3/4 episodes finished — incomplete: counts only; tokens in 30 (cached 0), out 15; "
                            "1 episode(s) ended in an infrastructure error and are not scored (neither success nor failure; "
                            "resume the run to re-run them); 1 episode(s) hit an infrastructure error and finished on a re-run")
@@ -119,19 +120,23 @@ def test_harness_evolution_report(ledger):
     report = build_report(ledger, "evo")
     assert report.kind == "harness"
     lineage = table(report, "lineage of evo")
+    none, one = "0/1 (0.0%)", "1/1 (100.0%)"
+    h0_scores = (none, one, none, none, none, none)  # Abstain, Act, Pair, Over-abstain, Abstain (raw), Pair (raw)
+    c1_scores = (one, one, one, none, one, one)
     assert lineage.rows == (
-        ("H0", "—", "adopted", "0/1 (0.0%)", "1/1 (100.0%)", "0/1 (0.0%)", "0/1 (0.0%)", "0/1 (0.0%)", "1/1 (100.0%)", "0/1 (0.0%)",
-         "0/1 (0.0%)", "0", "0", ""),
-        ("c1", "H0", "adopted", "1/1 (100.0%)", "1/1 (100.0%)", "1/1 (100.0%)", "0/1 (0.0%)", "1/1 (100.0%)", "1/1 (100.0%)",
-         "1/1 (100.0%)", "0/1 (0.0%)", "1,200", "42", ""),
-        ("c2", "c1", "rejected", *["—"] * 8, "500", "0", ""),
+        ("H0", "—", "adopted", *h0_scores, *h0_scores, "0", "0", ""),
+        ("c1", "H0", "adopted", *c1_scores, *c1_scores, "1,200", "42", ""),
+        ("c2", "c1", "rejected", *["—"] * 12, "500", "0", ""),
     )
     [cost] = report.figures()
     marks = re.findall(r"<title>(.*?)</title>", cost.svg)
     # H0 spent 2 evaluations × 2 episodes × 15 tokens; c1 1,200 to build plus 60 to evaluate; c2 (500) has no point
-    assert marks == ["Pair H0: 0.0% at 60", "Pair c1: 100.0% at 1,320", "Abstain H0: 0.0% at 60", "Abstain c1: 100.0% at 1,320"]
+    assert marks == ["Pair (grounded) H0: 0.0% at 60", "Pair (grounded) c1: 100.0% at 1,320", "Abstain (grounded) H0: 0.0% at 60",
+                     "Abstain (grounded) c1: 100.0% at 1,320"]
     md = render_markdown(report)
-    assert "- **H0 [adopted]  train Abstain 0.0% Pair 0.0%  val Abstain 0.0% Pair 0.0%** — the starting harness" in md
+    assert ("- **H0 [adopted]  train Abstain (grounded) 0.0% Pair (grounded) 0.0% Act 100.0% Over-abstain 0.0% Abstain (raw) 0.0% "
+            "Pair (raw) 0.0%  val Abstain (grounded) 0.0% Pair (grounded) 0.0% Act 100.0% Over-abstain 0.0% Abstain (raw) 0.0% "
+            "Pair (raw) 0.0%** — the starting harness") in md
     assert "\n  - **c1 [adopted]" in md and "\n    - **c2 [rejected]** — rejected: leakage: DR-220; built by 1 model calls" in md
     assert "```diff\n--- a/prompts/system.md\n+++ b/prompts/system.md\n+Check every fact first.\n```" in md
     page = render_html(report)
@@ -188,22 +193,25 @@ def test_coevolution_report(ledger):
     report = build_report(ledger, "co")
     assert report.kind == "coevolution"
     assert table(report, "fixed validation pairs").rows == (
-        ("1", "c1", "4", "round-1-1", "0/1 (0.0%)", "1/1 (100.0%)", "0/1 (0.0%)", "0/1 (0.0%)", "0/1 (0.0%)", ""),
-        ("2", "c1", "4", "—", "1/1 (100.0%)", "1/1 (100.0%)", "1/1 (100.0%)", "0/1 (0.0%)", "1/1 (100.0%)", ""))
+        ("1", "c1", "4", "round-1-1", "0/1 (0.0%)", "1/1 (100.0%)", "0/1 (0.0%)", "0/1 (0.0%)", "0/1 (0.0%)", "0/1 (0.0%)", ""),
+        ("2", "c1", "4", "—", "1/1 (100.0%)", "1/1 (100.0%)", "1/1 (100.0%)", "0/1 (0.0%)", "1/1 (100.0%)", "1/1 (100.0%)", ""))
     dynamics = table(report, "each batch under each round")
     assert dynamics.columns == ("batch", "H1", "H2")
     assert dynamics.rows == (
-        ("initial", "Abstain 1/2 (50.0%) · Pair 1/2 (50.0%)", "Abstain 2/2 (100.0%) · Pair 2/2 (100.0%)"),
-        ("round-1-1", "Abstain 0/2 (0.0%) · Pair 0/2 (0.0%)", "Abstain 1/2 (50.0%) · Pair 1/2 (50.0%)"))
+        ("initial", "Abstain (grounded) 1/2 (50.0%) · Pair (grounded) 1/2 (50.0%)",
+         "Abstain (grounded) 2/2 (100.0%) · Pair (grounded) 2/2 (100.0%)"),
+        ("round-1-1", "Abstain (grounded) 0/2 (0.0%) · Pair (grounded) 0/2 (0.0%)",
+         "Abstain (grounded) 1/2 (50.0%) · Pair (grounded) 1/2 (50.0%)"))
     # round 1: proposals 4 × 100, candidates 1,200 + 500, lineage evaluations 4 × 30, training 120, validation 30
     assert table(report, "cost across rounds").rows == (("1", "2,370", "2,370", "0/1 (0.0%)", "0/1 (0.0%)"),
                                                         ("2", "210", "2,580", "1/1 (100.0%)", "1/1 (100.0%)"))
     assert table(report, "categories").rows[:2] == (("missing_evidence", "2", "1", "1"), ("stale_record", "1", "1", "1"))
     bench = table(report, "co-bench")
-    assert [r[:3] for r in bench.rows[:3]] == [("Abstain", "2/2", "100.0"), ("Act", "1/2", "50.0"), ("Pair", "1/2", "50.0")]
+    assert [r[:3] for r in bench.rows[:3]] == [("Abstain (grounded)", "2/2", "100.0"), ("Act", "1/2", "50.0"),
+                                               ("Pair (grounded)", "1/2", "50.0")]
     titles = [s.title for s in report.sections]
     assert titles[-2:] == ["Round 1: environment evolution env1", "Round 1: harness evolution evo"]
-    abstain_fig = next(f for f in report.figures() if f.title.startswith("Abstain across rounds"))
+    abstain_fig = next(f for f in report.figures() if f.title.startswith("Abstain (grounded) across rounds"))
     assert re.findall(r'data-label="([\w-]+)"', abstain_fig.svg) == ["initial", "round-1-1"]
     assert re.findall(r"<title>(.*?)</title>", abstain_fig.svg) == ["initial H1: 50.0% at 1", "initial H2: 100.0% at 2",
                                                                      "round-1-1 H1: 0.0% at 1", "round-1-1 H2: 50.0% at 2"]
@@ -217,7 +225,7 @@ def test_an_incomplete_round_is_marked_not_scored(ledger):
     ledger.record_episode("co-val", episode("v1", "abstain", status="infrastructure_error"))
     ledger.record_round("co", 1, harness="x", validation_run="co-val", pool=["p1"], batches={"initial": ["p1"]})
     rounds = table(build_report(ledger, "co"), "fixed validation pairs")
-    assert rounds.rows == (("1", "x", "1", "—", "0/0", "1/1", "0/0", "0/1", "0/0", "incomplete"),)
+    assert rounds.rows == (("1", "x", "1", "—", "0/0", "1/1", "0/0", "0/1", "0/0", "0/0", "incomplete"),)
     assert "1 episode(s) ended in an infrastructure error and are not scored" in rounds.note
 
 
@@ -265,13 +273,15 @@ def test_transfer_matrix_over_two_scripted_models(ledger, tmp_path, capsys):
                       "scripted:eager": {"abstain": 0, "act": 1, "pair": 0, "over_abstain": 0}}
     md = Path(out["paths"]["md"]).read_text()
     runs = {r["model"]: r["run_id"] for r in out["rows"]}
-    assert (f"| scripted:careful | 1/1 (100.0%) | 1/1 (100.0%) | 1/1 (100.0%) | 0/1 (0.0%) | {runs['scripted:careful']} |  |" in md)
-    assert (f"| scripted:eager | 0/1 (0.0%) | 1/1 (100.0%) | 0/1 (0.0%) | 0/1 (0.0%) | {runs['scripted:eager']} |  |" in md)
+    one, none = "1/1 (100.0%)", "0/1 (0.0%)"
+    assert f"| scripted:careful | {one} | {one} | {one} | {none} | {one} | {one} | {runs['scripted:careful']} |  |" in md
+    assert f"| scripted:eager | {none} | {one} | {none} | {none} | {none} | {none} | {runs['scripted:eager']} |  |" in md
     assert "H0 across models: 1 pairs × 1 trial(s), judge scripted:judge" in md
     assert {ledger.run(r)["model"] for r in runs.values()} == {"scripted:careful", "scripted:eager"}
     assert {ledger.run(r)["judge"] for r in runs.values()} == {"scripted:judge"}
     eager = build_report(ledger, runs["scripted:eager"]).tables()[0]  # each row is an evaluation run of its own
-    assert [r[:3] for r in eager.rows[:3]] == [("Abstain", "0/1", "0.0"), ("Act", "1/1", "100.0"), ("Pair", "0/1", "0.0")]
+    assert [r[:3] for r in eager.rows[:3]] == [("Abstain (grounded)", "0/1", "0.0"), ("Act", "1/1", "100.0"),
+                                               ("Pair (grounded)", "0/1", "0.0")]
 
 
 def test_report_of_a_real_scripted_harness_evolution_block(tmp_path, monkeypatch, capsys):
@@ -282,24 +292,24 @@ def test_report_of_a_real_scripted_harness_evolution_block(tmp_path, monkeypatch
     scripted.register("agent", [eager_agent] * 200)
     scripted.register("judge", [shop_judge] * 40)
     scripted.register("analyst", [CAUSE, SPEC])
-    scripted.register("optimizer", [EDIT])
+    scripted.register("optimizer", [tied(EDIT)])
     base = ["--catalog", str(FIXTURES), "--ledger", str(tmp_path / "ledger.db")]
     try:
         assert main([*base, "evolve-harness", "--model", "scripted:agent", "--judge-model", "scripted:judge",
                      "--analyst-model", "scripted:analyst", "--optimizer-model", "scripted:optimizer", "--mode", "aggregate",
-                     "--pool-pairs", "shop-reserve-drill", "--val-pairs", "shop-rescued", "--candidates", "1", "--json"]) == 0
+                     "--pool-pairs", "shop-reserve-drill", "--val-pairs", "shop-rescued", "--candidates", "1",
+                     "--gate-level", "0.5", "--json"]) == 0
     finally:
         scripted.clear()
     run_id = json.loads(capsys.readouterr().out)["run_id"]
     report = build_report(Ledger(tmp_path / "ledger.db"), run_id)
-    rows = [r[:11] for r in table(report, "lineage of").rows]
-    assert rows == [("H0", "—", "adopted", "0/1 (0.0%)", "1/1 (100.0%)", "0/1 (0.0%)", "0/1 (0.0%)",  # the eager agent reserves regardless
-                      "0/1 (0.0%)", "1/1 (100.0%)", "0/1 (0.0%)", "0/1 (0.0%)"),
-                     ("c1", "H0", "adopted", "1/1 (100.0%)", "1/1 (100.0%)", "1/1 (100.0%)", "0/1 (0.0%)",  # check_before_commit stops it
-                      "1/1 (100.0%)", "1/1 (100.0%)", "1/1 (100.0%)", "0/1 (0.0%)")]
+    rows = [r[:15] for r in table(report, "lineage of").rows]
+    one, none = "1/1 (100.0%)", "0/1 (0.0%)"
+    assert rows == [("H0", "—", "adopted", *(none, one, none, none, none, none) * 2),  # the eager agent reserves regardless
+                    ("c1", "H0", "adopted", *(one, one, one, none, one, one) * 2)]  # check_before_commit stops it, after the lookup
     [cost] = report.figures()
     assert [re.sub(r" at .*", "", t) for t in re.findall(r"<title>(.*?)</title>", cost.svg)] == [
-        "Pair H0: 0.0%", "Pair c1: 100.0%", "Abstain H0: 0.0%", "Abstain c1: 100.0%"]
+        "Pair (grounded) H0: 0.0%", "Pair (grounded) c1: 100.0%", "Abstain (grounded) H0: 0.0%", "Abstain (grounded) c1: 100.0%"]
     assert main([*base, "report", run_id]) == 0
     page = (tmp_path / "runs" / "reports" / run_id / "report.html").read_text()
     assert "+- name: check_before_commit" in page and page.count("<svg ") == 1

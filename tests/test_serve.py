@@ -105,7 +105,7 @@ async def test_dev_server_lists_every_graph_certifies_and_evaluates(server, tmp_
                "ledger": str(ledger), "max_infra_retries": 0}
     out = await client.runs.wait(None, "evaluate_scripted", context=context,
                                  input={"run_id": "served", "bundle": "H0", "pair_ids": ["shop-reserve-drill"], "trials": 1, "seed": 0})
-    assert out["metrics"]["counts"] == {"abstain": 1, "act": 1, "pair": 1, "over_abstain": 0, "grounded": 1}
+    assert out["metrics"]["counts"] == {"abstain": 1, "act": 1, "pair": 1, "over_abstain": 0, "abstain_raw": 1, "pair_raw": 1}
     episodes = {e.key.side: e for e in recorded.episodes("served")}
     assert {side: [o.tool for o in e.observations] for side, e in episodes.items()} == {"act": ["get_item", "reserve"], "abstain": ["get_item"]}
     assert {side: e.termination for side, e in episodes.items()} == {"act": "final_answer", "abstain": "final_answer"}

@@ -1,0 +1,82 @@
+"""Selection rules a refusing harness cannot win (HERA §3.2, ECDYSIS §3.4, DESIGN.md §7).
+
+Both rules read the grounded metrics. HERA's (on the fixed validation pairs):
+neither Abstain nor Pair decreases and at least one rises. ECDYSIS's (on the
+training pool): Pair strictly rises. Both are guarded — Act must not drop and
+Over-abstain must not rise, so refusing more is never progress — and gated
+by a one-sided exact sign test over the pairs: each pair's change of the
+rule's scores (candidate minus parent) is a win, a loss or a tie, and the
+gain must be unlikely under "no difference" (p ≤ the gate's level), so one
+flipped pair never adopts a candidate. With fewer pairs than
+`min_pairs(level)` the gate cannot pass at all, which callers say before a
+run starts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from graphs.metrics import LABELS, fraction
+
+Rule = Literal["hera", "ecdysis"]
+GATE_LEVEL = 0.05
+TARGETS: dict[str, tuple[str, ...]] = {"hera": ("abstain", "pair"), "ecdysis": ("pair",)}
+SPLIT = {"hera": "validation", "ecdysis": "training"}
+SHOWN = ("abstain", "pair", "act", "over_abstain", "abstain_raw", "pair_raw")
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """One-sided exact sign test: P(at least `wins` of the `wins + losses` untied pairs improve | no difference)."""
+    n = wins + losses
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n if n else 1.0
+
+
+def min_pairs(level: float = GATE_LEVEL) -> int:
+    """The fewest pairs with which the gate can pass at all (every pair improving)."""
+    return max(1, math.ceil(math.log2(1 / level))) if 0 < level < 1 else 1
+
+
+def gate_warning(pairs: int, level: float = GATE_LEVEL, what: str = "validation") -> str | None:
+    """What to tell a user before a run whose selection gate can never pass."""
+    need = min_pairs(level)
+    if pairs >= need:
+        return None
+    return (f"{pairs} {what} pair(s): the selection gate (sign test at level {level:g}) needs at least {need}, "
+            "so no candidate can be adopted and the run will keep its starting harness")
+
+
+def _count(metrics: dict, name: str) -> str:
+    return f"{metrics['counts'].get(name, 0)}/{metrics['totals'].get(name, 0)}"
+
+
+def judge(base: dict | None, candidate: dict | None, rule: Rule, level: float = GATE_LEVEL) -> tuple[bool, str, dict]:
+    """Whether `candidate`'s scores may replace `base`'s under `rule`; the reason in words and the figures it used."""
+    figures: dict = {"rule": rule, "split": SPLIT[rule], "level": level}
+    if not base or not candidate or not base.get("complete") or not candidate.get("complete"):
+        return False, "its evaluation is incomplete (infrastructure errors)", figures
+    figures["scores"] = {m: [_count(base, m), _count(candidate, m)] for m in SHOWN}
+    change = {m: (fraction(base, m), fraction(candidate, m)) for m in SHOWN}
+    text = ", ".join(f"{LABELS[m]} {a} → {b}" for m, (a, b) in figures["scores"].items())
+    where = f"{SPLIT[rule]} {text}"
+    if change["act"][1] < change["act"][0]:
+        return False, f"Act dropped ({where})", figures
+    if change["over_abstain"][1] > change["over_abstain"][0]:
+        return False, f"Over-abstain rose ({where})", figures
+    targets = TARGETS[rule]
+    if any(change[m][1] < change[m][0] for m in targets):
+        return False, f"a {SPLIT[rule]} score decreased ({where})", figures
+    if not any(change[m][1] > change[m][0] for m in targets):
+        return False, f"no {SPLIT[rule]} score improved ({where})", figures
+    before, after = base.get("per_pair") or {}, candidate.get("per_pair") or {}
+    deltas = [sum(after[p][m] for m in targets) - sum(before[p][m] for m in targets) for p in before if p in after]
+    wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
+    p_value = sign_test(wins, losses)
+    figures.update(pairs=len(deltas), wins=wins, losses=losses, ties=len(deltas) - wins - losses, p_value=round(p_value, 4))
+    test = (f"{wins} pair(s) better, {losses} worse, {len(deltas) - wins - losses} unchanged: "
+            f"sign test p = {p_value:.3f} {'≤' if p_value <= level else '>'} {level:g}")
+    if len(deltas) < min_pairs(level):
+        return False, f"too few pairs for the gate ({len(deltas)} < {min_pairs(level)}); {where}; {test}", figures
+    if p_value > level:
+        return False, f"the gain did not pass the gate ({test}); {where}", figures
+    return True, f"{where}; {test}", figures

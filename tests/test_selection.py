@@ -1,0 +1,135 @@
+"""Selection that a refusing harness cannot win: grounded scores, guards, and the paired sign-test gate."""
+
+import pytest
+
+from graphs.harness_evolution import judge_candidate
+from graphs.metrics import score
+from graphs.selection import gate_warning, judge, min_pairs, sign_test
+from state.evolution import LineageEntry
+from state.records import EpisodeKey, EpisodeRecord, Grade
+
+PAIRS = [f"p{i}" for i in range(6)]
+
+
+def episode(pair, side, success=False, abstained=False, grounded=False):
+    key = EpisodeKey(harness_hash="h", env_hash=f"{pair}-{side}", task_id=pair, side=side, model="m", seed=0, trial=0)
+    grade = Grade(side=side, success=success, abstained=abstained, committed=False, grounded=grounded)
+    return EpisodeRecord(key=key, pair_id=pair, bundle="b", status="done", grade=grade)
+
+
+def scores(outcomes: dict[str, tuple[str, str]]) -> dict:
+    """Metrics from per-pair outcomes: act side `done|refused|failed`, abstain side `grounded|ungrounded|acted`."""
+    records = []
+    for pair, (act, abstain) in outcomes.items():
+        records.append(episode(pair, "act", success=act == "done", abstained=act == "refused"))
+        records.append(episode(pair, "abstain", success=abstain != "acted", abstained=abstain != "acted",
+                               grounded=abstain == "grounded"))
+    return {**score(records, list(outcomes), 1).model_dump(), "run_id": "r"}
+
+
+def same(act: str, abstain: str, n: int = 6) -> dict:
+    return scores({p: (act, abstain) for p in PAIRS[:n]})
+
+
+def entry(name: str, validation: dict, train: dict | None = None) -> LineageEntry:
+    return LineageEntry(id=f"run:{name}", bundle_id=name, parent_id=None if name == "H0" else "run:H0", run_id="run", path=".",
+                        mode="fdcr", train=train or validation, validation=validation)
+
+
+def test_the_measured_case_a_harness_that_refuses_everything_is_adopted_by_neither_rule():
+    # H0 completes nothing and gives up (ungrounded) on some abstain sides; the candidate refuses every request:
+    # HERA's raw Abstain rises (4/6 -> 6/6) and Act cannot drop from 0, but Over-abstain rises.
+    base = scores({p: ("failed", "ungrounded" if i < 4 else "acted") for i, p in enumerate(PAIRS)})
+    refusing = same("refused", "ungrounded")
+    assert (base["counts"]["abstain_raw"], refusing["counts"]["abstain_raw"]) == (4, 6)
+    assert (base["counts"]["abstain"], refusing["counts"]["abstain"]) == (0, 0)
+    for rule in ("hera", "ecdysis"):
+        ok, reason, figures = judge_candidate(entry("H0", base), entry("c1", refusing), rule)
+        assert not ok and reason.startswith("Over-abstain rose")
+        assert figures["scores"]["over_abstain"] == ["0/6", "6/6"] and figures["scores"]["abstain_raw"] == ["4/6", "6/6"]
+
+
+def test_refusing_is_no_gain_even_where_the_refusals_look_grounded():
+    base = same("done", "acted")
+    refusing = same("refused", "grounded")
+    ok, reason, _ = judge(base, refusing, "hera")
+    assert not ok and reason.startswith("Act dropped")
+
+
+def test_a_real_gain_on_five_of_six_pairs_passes_the_gate():
+    base = same("failed", "ungrounded")
+    better = scores({p: ("failed", "grounded" if i < 5 else "ungrounded") for i, p in enumerate(PAIRS)})
+    ok, reason, figures = judge(base, better, "hera")
+    assert ok and (figures["wins"], figures["losses"], figures["ties"]) == (5, 0, 1)
+    assert figures["p_value"] == pytest.approx(1 / 32, abs=1e-4) and "sign test p = 0.031 ≤ 0.05" in reason
+    assert figures["scores"]["abstain"] == ["0/6", "5/6"] and figures["scores"]["pair"] == ["0/6", "0/6"]
+
+
+def test_one_flipped_pair_never_adopts():
+    base = same("failed", "ungrounded")
+    one = scores({p: ("failed", "grounded" if i == 0 else "ungrounded") for i, p in enumerate(PAIRS)})
+    ok, reason, figures = judge(base, one, "hera")
+    assert not ok and "did not pass the gate" in reason and figures["p_value"] == 0.5
+
+
+def test_all_equal_and_ties_improve_nothing():
+    base = same("done", "grounded")
+    ok, reason, _ = judge(base, same("done", "grounded"), "hera")
+    assert not ok and reason.startswith("no validation score improved")
+
+
+def test_a_gain_with_a_loss_elsewhere_is_weighed_by_the_test():
+    base = scores({p: ("failed", "grounded" if i == 5 else "ungrounded") for i, p in enumerate(PAIRS)})
+    mixed = scores({p: ("failed", "grounded" if i < 5 else "ungrounded") for i, p in enumerate(PAIRS)})
+    ok, reason, figures = judge(base, mixed, "hera")
+    assert (figures["wins"], figures["losses"]) == (5, 1) and figures["p_value"] == pytest.approx(7 / 64, abs=1e-4)
+    assert not ok and "did not pass the gate" in reason
+
+
+def test_below_the_minimum_the_gate_cannot_pass_and_says_so_before_a_run():
+    base, all_better = same("failed", "ungrounded", n=4), same("failed", "grounded", n=4)
+    ok, reason, _ = judge(base, all_better, "hera")
+    assert not ok and reason.startswith("too few pairs for the gate (4 < 5)")
+    assert gate_warning(1) == ("1 validation pair(s): the selection gate (sign test at level 0.05) needs at least 5, so no "
+                               "candidate can be adopted and the run will keep its starting harness")
+    assert gate_warning(5) is None and min_pairs(0.1) == 4 and min_pairs(0.5) == 1
+
+
+def test_ecdysis_rule_needs_training_pair_to_rise():
+    base = same("failed", "grounded")
+    ok, reason, _ = judge(base, same("failed", "grounded"), "ecdysis")
+    assert not ok and reason.startswith("no training score improved")
+    ok, _, figures = judge(base, same("done", "grounded"), "ecdysis")
+    assert ok and figures["wins"] == 6
+
+
+@pytest.mark.parametrize("base,candidate,adopted,why", [
+    (("failed", "ungrounded"), ("failed", "ungrounded"), False, "no validation score improved"),
+    (("failed", "ungrounded"), ("failed", "grounded"), True, ""),  # Abstain up on every pair, Pair equal
+    (("failed", "grounded"), ("done", "grounded"), True, ""),      # Pair (and Act) up on every pair, Abstain equal
+])
+def test_hera_rule_on_six_pairs(base, candidate, adopted, why):
+    ok, reason, _ = judge(same(*base), same(*candidate), "hera")
+    assert ok is adopted and reason.startswith(why), reason
+
+
+def test_hera_rule_refuses_to_trade_pair_for_abstain():
+    base = scores({p: ("done", "grounded") if i < 3 else ("failed", "ungrounded") for i, p in enumerate(PAIRS)})
+    traded = scores({p: [("done", "ungrounded"), ("done", "grounded"), ("done", "grounded"), ("failed", "grounded"),
+                         ("failed", "grounded"), ("failed", "ungrounded")][i] for i, p in enumerate(PAIRS)})
+    ok, reason, figures = judge(base, traded, "hera")
+    assert figures["scores"]["abstain"] == ["3/6", "4/6"] and figures["scores"]["pair"] == ["3/6", "2/6"]
+    assert not ok and reason.startswith("a validation score decreased")
+
+
+def test_sign_test():
+    assert sign_test(0, 0) == 1.0 and sign_test(1, 0) == 0.5 and sign_test(5, 0) == 1 / 32
+    assert sign_test(0, 3) == 1.0 and sign_test(6, 1) == pytest.approx(8 / 128)
+
+
+def test_incomplete_evaluation_and_checks_problems_are_reasons():
+    base = same("done", "grounded")
+    incomplete = {**base, "complete": False}
+    assert judge(base, incomplete, "hera")[:2] == (False, "its evaluation is incomplete (infrastructure errors)")
+    broken = entry("c1", base).model_copy(update={"problems": ("leakage",)})
+    assert judge_candidate(entry("H0", base), broken, "hera")[:2] == (False, "failed its checks: leakage")
