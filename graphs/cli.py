@@ -279,7 +279,7 @@ def run_eval(args: argparse.Namespace) -> int:
     for pair_id in pair_ids:
         _entry(args, pair_id)
     context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, catalog=catalog,
-                      ledger=args.ledger, max_infra_retries=args.retries)
+                      ledger=args.ledger, max_infra_retries=args.retries, max_turns=args.max_turns)
     total = 2 * len(pair_ids) * args.trials
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
@@ -954,6 +954,7 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int)
     ev.add_argument("--concurrency", type=int, default=1)
     ev.add_argument("--retries", type=int, default=2, help="re-runs of an episode after an infrastructure error")
+    ev.add_argument("--max-turns", type=int, help="a cap on every episode's turns (default: the harness's own limit)")
     ev.add_argument("--run-id", help="resume this run (its recorded harness, pairs, trials and seed)")
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(run=run_eval)

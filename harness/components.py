@@ -503,10 +503,42 @@ class CheckChangeMade(Component):
                                            "give your final answer again.")
 
 
+class Citation(Record):
+    blocked: bool = Field(description="true only if a tool result shows that the requested change or answer cannot be given")
+    quote: str = Field(description="when blocked: a few words copied exactly from that tool result; else empty")
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[\W_]+", " ", text).strip().casefold()
+
+
+class CiteBlockingEvidence(Component):
+    name = "cite_blocking_evidence"
+    summary = ("when the agent answers without having changed anything, asks it once to quote the result that blocks the "
+               "request; a quote found in no result sends it back to finish the request")
+
+    async def finalize(self, view, answer):
+        if not _writes(view) or _committed(view) or view.ask is None or view.memory.get("asked_citation"):
+            return None
+        view.memory["asked_citation"] = True
+        results = "\n".join(f"- {o.tool}: {o.seen[:600]}" for o in view.observations[-10:]) or "(no tool results)"
+        question = (f"Request:\n{view.instruction.split(chr(10) + chr(10))[0]}\n\nTool results:\n{results}\n\nYour answer:\n{answer}\n\n"
+                    "Does one of these tool results show that the request cannot be carried out as asked? If so, copy the "
+                    "exact words of that result.")
+        cited = await view.ask([HumanMessage(question)], Citation)
+        if cited.blocked and cited.quote.strip() and _squash(cited.quote) in _squash("\n".join(o.seen for o in view.observations)):
+            return None
+        changes = ", ".join(sorted(_writes(view)))
+        return Final(action="revise", text="No tool result shows anything that blocks this request. If it asks for a change, make "
+                                           f"it now with the right tool ({changes}); if it only asks for information, answer it "
+                                           "from the results.")
+
+
 LIBRARY: dict[str, type[Component]] = {c.name: c for c in (
     LookBeforeAct, StopOnNegativeEvidence, SuppressDuplicateCalls, CheckBeforeCommit, FlagMultipleMatches,
     CheckRelatedAuthorization, ConfirmFinalDecision, GroundIdentifiers, OneWritePerTurn, RefuseFailedRepeat,
     CompactObservations, ResolveNamedEntities, ReaskUnparsedCalls, ReadBeforeWrite, CallBeforeAnswering, CheckChangeMade,
+    CiteBlockingEvidence,
 )}
 ComponentName = Literal[tuple(LIBRARY)]  # type: ignore[valid-type]
 

@@ -12,6 +12,8 @@ from harness.bundle import BUNDLES, load_bundle
 from harness.components import (
     CallBeforeAnswering,
     CheckChangeMade,
+    Citation,
+    CiteBlockingEvidence,
     CheckBeforeCommit,
     CompactObservations,
     GroundIdentifiers,
@@ -294,3 +296,26 @@ def test_check_change_made_asks_once_when_nothing_was_changed():
     assert asyncio.run(c.finalize(v, "Issued.")) is None
     done = small_view(seen("issue_permit", {"permit_id": "BP-7"}, {"ok": True}, read_only=False))
     assert asyncio.run(CheckChangeMade().finalize(done, "Issued.")) is None
+
+
+def test_cite_blocking_evidence_accepts_a_refusal_only_with_a_quote_from_a_result():
+    replies = []
+
+    async def ask(messages, schema):
+        return replies.pop(0)
+
+    def refusal_view():
+        v = small_view(seen("get_permit", {"permit_id": "BP-7"}, {"owner_consent": "revoked on 2026-03-12"}))
+        v.ask = ask
+        return v
+
+    replies.append(Citation(blocked=True, quote="owner_consent: Revoked on 2026-03-12"))
+    assert asyncio.run(CiteBlockingEvidence().finalize(refusal_view(), "I cannot: consent was revoked.")) is None
+    replies.append(Citation(blocked=True, quote="the permit is expired"))  # said nowhere
+    v = refusal_view()
+    final = asyncio.run(CiteBlockingEvidence().finalize(v, "I cannot: the permit expired."))
+    assert final.action == "revise" and "make it now with the right tool (issue_permit)" in final.text
+    assert asyncio.run(CiteBlockingEvidence().finalize(v, "I cannot.")) is None and replies == []  # asked once
+    done = small_view(seen("issue_permit", {"permit_id": "BP-7"}, {"ok": True}, read_only=False))
+    done.ask = ask
+    assert asyncio.run(CiteBlockingEvidence().finalize(done, "Issued.")) is None  # a change was made: nothing to ask

@@ -256,3 +256,37 @@ def test_a_turn_budget_caps_every_episode_and_keys_the_cache(context):
     # without the budget the same episodes are new rollouts, not the capped ones from the cache
     assert {s: e.termination for s, e in free.items()} == {"act": "final_answer", "abstain": "final_answer"}
     assert all(free[s].key.id != capped[s].key.id for s in free)
+
+
+def test_structured_turns_and_compact_results_leave_grading_untouched(context, tmp_path):
+    bundle = tmp_path / "small"
+    shutil.copytree(Path("harness/bundles/H0"), bundle)
+    (bundle / "config.yaml").write_text("max_turns: 8\naction_mode: structured\n")
+    (bundle / "components.yaml").write_text("- name: compact_observations\n  params: {min_chars: 0, rows: 1}\n")
+    scripted.register("agent", [{"tool": "list_items", "arguments": {}}, {"tool": "get_item", "arguments": {"sku": "DR-220"}},
+                                {"tool": "reserve", "arguments": {"sku": "DR-220", "qty": 2}},
+                                {"final_answer": "Reserved 2 cordless drills at $89.00 each."}])
+    scripted.register("judge", [shop_judge])
+    run_id, m = asyncio.run(api.evaluate(str(bundle), [PAIR], context, sides=["act"]))
+    scripted.assert_consumed()
+    [act] = Ledger(context.ledger).episodes(run_id)
+    listed = act.observations[0]
+    assert listed.tool == "list_items" and len(listed.output) == 3  # the record keeps the whole result
+    assert json.loads(listed.shown) == [listed.output[0], "... 2 more; narrow the search to see them"]
+    shown = [msg["data"]["content"] for msg in act.messages if msg["type"] == "tool"]
+    assert shown[0] == listed.shown and act.grade.success and m.counts["act"] == 1
+    assert all(c.action_mode == "structured" for c in scripted.calls("agent"))
+
+
+def test_a_turn_outside_the_grammar_is_an_infrastructure_error_and_is_run_again(context, tmp_path):
+    bundle = tmp_path / "small"
+    shutil.copytree(Path("harness/bundles/H0"), bundle)
+    (bundle / "config.yaml").write_text("max_turns: 8\naction_mode: structured\n")
+    scripted.register("agent", ["1. `get_item`: {\"sku\": \"DR-", {"tool": "get_item", "arguments": {"sku": "DR-220"}},
+                                {"tool": "reserve", "arguments": {"sku": "DR-220", "qty": 2}},
+                                {"final_answer": "Reserved 2 cordless drills at $89.00 each."}])
+    scripted.register("judge", [shop_judge])
+    run_id, m = asyncio.run(api.evaluate(str(bundle), [PAIR], context, sides=["act"]))
+    attempts = Ledger(context.ledger).attempts(run_id)
+    assert [a["status"] for a in attempts] == ["infrastructure_error", "done"] and "malformed" in attempts[0]["error"]
+    assert m.counts["act"] == 1 and m.totals["act"] == 1
