@@ -46,8 +46,8 @@ class EditError(Exception):
 MAX_COMPONENT_CHANGES = 2  # K: components one candidate may add, drop or re-parameterise
 EDIT_ASKS = 3
 # What a prompt addition or a skill must not be: narration of the change, the harness's own internals, first person.
-INTERNALS = ("harness", "component", "skill", "turn limit", "turn budget", "max_turns", "turns", "failure", "failures",
-             "system prompt", "this change", "these changes", "to address", "the prompt", "the assistant's prompt",
+INTERNALS = ("harness", "component", "components", "skill", "skills", "turn limit", "turn budget", "max_turns", "number of turns",
+             "the failures", "failure group", "system prompt", "this change", "these changes", "to address", "the prompt",
              *(n.replace("_", " ") for n in LIBRARY), *LIBRARY,
              *(k.replace("_", " ") for k in ("did_not_abstain", "ungrounded_abstain", "over_abstained", "wrong_answer",
                                              "forbidden_action", "turn_limit")))

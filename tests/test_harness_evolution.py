@@ -330,7 +330,7 @@ def test_edit_checks_name_what_is_wrong():
     assert edit_problems(narrated, {}, [GROUP]) == [
         "the prompt addition is not an instruction to the agent: it speaks in the first person ('I')",
         "the prompt addition is not an instruction to the agent: it names the harness's internals or the failures "
-        "('failures', 'harness', 'to address', 'turn limit')"]
+        "('harness', 'the failures', 'to address', 'turn limit')"]
     eight = HarnessEdit(rationale="r", components=[ComponentChoice(name=n, addresses=GROUP) for n in list(LIBRARY)[:8]])
     assert edit_problems(eight, {}, [GROUP]) == [
         "it changes 8 components (" + ", ".join(sorted(list(LIBRARY)[:8])) + "); change at most 2, the ones the failures call for"]
