@@ -274,3 +274,23 @@ def test_a_crashing_candidate_ends_its_episode_as_a_harness_error(tmp_path, cont
     assert out["termination"] == "harness_error" and out["answer"] == ""
     assert out["error"].startswith(f"{bundle.resolve() / 'hooks.py'}: Harness.after_tool_result: raised AttributeError")
     assert [o.tool for o in out["observations"]] == ["get_item"]  # the call it made is kept for grading
+
+
+def test_a_sandboxed_hook_looks_records_up_through_the_episode_and_never_writes(tmp_path, context):
+    bundle = candidate(tmp_path, (
+        "    async def initialize(self, view):\n"
+        "        found = await view.lookup('get_item', {'sku': 'DR-220'})\n"
+        "        view.instruction += f' (price on file: {found.output[\"price\"]})'\n"
+        "        try:\n"
+        "            await view.lookup('reserve', {'sku': 'DR-220', 'qty': 1})\n"
+        "        except ValueError as exc:\n"
+        "            view.instruction += f' [{exc}]'\n"
+        "    def before_tool_call(self, view, call):\n"
+        "        return Decision(action='block', message=f'{len(view.observations)} seen')\n"))
+    scripted.register("agent", [{"tool_calls": [{"name": "get_item", "args": {"sku": "DR-220"}}]}, "It costs 89."])
+    out = _episode(str(bundle), context)
+    scripted.assert_consumed()
+    assert [(o.tool, o.source) for o in out["observations"]] == [("get_item", "harness")]  # recorded, and the write refused
+    human = out["messages"][1].content
+    assert "(price on file: 89.0)" in human and "'reserve' is not a read-only tool" in human
+    assert out["messages"][3].content == "1 seen"  # the child's view holds the lookup too
