@@ -6,12 +6,13 @@ A catalog is a directory of environment folders, each with a `pairs/` folder.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from envs.mutation import apply_mutation
-from envs.spec import SpecError, load_environment, load_pair
+from envs.spec import SpecError, load_environment, load_pair, load_tools
 from state.records import CATEGORIES, EnvironmentSpec, PairSpec
 
 CATALOG = Path(__file__).parent / "catalog"
@@ -72,8 +73,22 @@ def _duplicate(path: Path, pair_id: str, other: Path) -> None:
     raise SpecError(path, "id", f"a unique pair id; {pair_id!r} is also in {other}")
 
 
+def example_ids(env: EnvironmentSpec) -> list[tuple[str, str]]:
+    """(tool, id) where a tool's public description quotes the key of a real row as an example: an agent copies
+    such an example instead of looking the record up, and a check that lets public text through lets it pass."""
+    keys = {str(r[t.primary_key]) for t in env.tables for r in env.rows.get(t.name, ()) if any(ch.isdigit() for ch in str(r[t.primary_key]))}
+    found = []
+    for tool in load_tools(env).values():
+        texts = [tool.info.description, *(p.get("description", "") for p in tool.info.input_schema.get("properties", {}).values())]
+        quoted = {q for text in texts for q in re.findall(r'"([^"]+)"', text)}
+        found += [(tool.name, key) for key in sorted(quoted & keys)]
+    return found
+
+
 def catalog_problems(entries: dict[str, Entry]) -> list[str]:
     problems = []
+    for env in {e.env.id: e.env for e in entries.values()}.values():
+        problems += [f"environment {env.id}: {tool} quotes {key}, the key of a real row, as an example" for tool, key in example_ids(env)]
     splits = Counter(e.pair.split for e in entries.values() if e.pair.tier == "standard")
     for split, size in SPLIT_SIZES.items():
         if split == "bench" and splits[split] < size or split != "bench" and splits[split] != size:

@@ -65,7 +65,7 @@ def get_customer(db, customer_id: str) -> dict:
     documents, board resolutions, powers of attorney, income evidence).
 
     Args:
-        customer_id: A customer id such as "C-100417".
+        customer_id: A customer id such as "C-999999".
     """
     c = one(db, "customers", customer_id=customer_id)
     profile = dict(c)
@@ -89,7 +89,7 @@ def get_account(db, account_id: str) -> dict:
     its ten most recent transfers.
 
     Args:
-        account_id: An account id such as "HV-20418837".
+        account_id: An account id such as "HV-99999999".
     """
     a = one(db, "accounts", account_id=account_id)
     view = dict(a)

@@ -39,7 +39,7 @@ def find_patients(db, name: str, date_of_birth: Optional[str] = None) -> list[di
     authorisation rules), member id and primary care provider.
 
     Args:
-        name: Part of the patient's name, for example "Okafor", or a patient id such as "P-10402".
+        name: Part of the patient's name, for example "Okafor", or a patient id such as "P-99999".
         date_of_birth: Optional date of birth, YYYY-MM-DD.
     """
     wanted = name.strip().casefold()
@@ -137,7 +137,7 @@ def search_open_slots(db, specialty: str, date_from: str, date_to: str, provider
         specialty: A specialty such as "Dermatology", "MRI" or "Anticoagulation Clinic".
         date_from: First day, YYYY-MM-DD.
         date_to: Last day, YYYY-MM-DD (at most 45 days after date_from).
-        provider_id: Optional provider id such as "CL-221".
+        provider_id: Optional provider id such as "CL-999".
     """
     start, end = _date(date_from, "date_from"), _date(date_to, "date_to")
     if end < start or (end - start).days > 45:
@@ -178,7 +178,7 @@ def get_patient_records(db, patient_id: str, record_type: RECORD_TYPES) -> list[
     log of disclosures (releases of information) made to outside recipients.
 
     Args:
-        patient_id: A patient id such as "P-10402".
+        patient_id: A patient id such as "P-99999".
         record_type: "appointments", "referrals", "authorizations", "consents" or "disclosures".
     """
     _patient(db, patient_id)

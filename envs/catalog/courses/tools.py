@@ -71,7 +71,7 @@ def get_student_record(db, student_id: str) -> dict:
     (term, course, section, grade) and any grade-change requests.
 
     Args:
-        student_id: A student id such as "N02318845".
+        student_id: A student id such as "N99999999".
     """
     s = one(db, "students", student_id=student_id)
     record = {k: s[k] for k in ("student_id", "full_name", "email", "program", "class_standing", "admit_term", "status")}
@@ -110,7 +110,7 @@ def get_student_record(db, student_id: str) -> dict:
 
 @read_tool
 def find_course_sections(db, query: str, term: str = "2026FA") -> list[dict]:
-    """Finds courses by course id ("STAT 2300", "STAT-2300") or by words of the
+    """Finds courses by course id ("STAT 9999", "STAT-9999") or by words of the
     title ("statistics"), with their prerequisites and their sections in a term:
     meeting days and times, instructor, room and its seating, enrolment cap,
     enrolled and waitlisted counts.
@@ -142,7 +142,7 @@ def get_grade_roster(db, section_id: str) -> dict:
     section: every student with the grade the instructor certified and when.
 
     Args:
-        section_id: A completed section such as "CSCI-1300-01-S26".
+        section_id: A completed section such as "CSCI-9999-01-S26".
     """
     sec = one(db, "sections", section_id=section_id)
     if sec["status"] != "completed":
@@ -164,7 +164,7 @@ def list_disclosures(db, section_id: str) -> dict:
     grade statistics about it (recipient, purpose, statistic, cohort size, value, date).
 
     Args:
-        section_id: A section such as "PHYS-2101-02-S26".
+        section_id: A section such as "PHYS-9999-02-S26".
     """
     one(db, "sections", section_id=section_id)
     releases = [{k: d[k] for k in ("disclosure_id", "recipient", "purpose", "statistic", "cohort_size", "value", "released_on", "released_by")}
@@ -184,8 +184,8 @@ def enroll_student(db, student_id: str, section_id: str) -> dict:
     transcript, is already in the course, has a time conflict, or the section is full.
 
     Args:
-        student_id: The student, such as "N02318845".
-        section_id: The section, such as "STAT-2300-03-F26".
+        student_id: The student, such as "N99999999".
+        section_id: The section, such as "STAT-9999-03-F26".
     """
     student = one(db, "students", student_id=student_id)
     if student["status"] != "active":
@@ -229,7 +229,7 @@ def set_section_capacity(db, section_id: str, capacity: int, reason: str) -> dic
     offered freed seats, in waitlist order, by the nightly waitlist run.
 
     Args:
-        section_id: The section, such as "HIST-1020-01-F26".
+        section_id: The section, such as "HIST-9999-01-F26".
         capacity: The new enrolment cap.
         reason: Why the cap changes (required).
     """
@@ -255,7 +255,7 @@ def release_grade_statistics(db, section_id: str, recipient: str, purpose: str) 
     log. Refused when fewer than 10 students received letter grades.
 
     Args:
-        section_id: A completed section such as "CHEM-1210-01-S26".
+        section_id: A completed section such as "CHEM-9999-01-S26".
         recipient: Who receives the figure, for example "Department of Chemistry".
         purpose: What the figure will be used for.
     """

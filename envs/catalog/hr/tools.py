@@ -43,7 +43,7 @@ def search_employees(db, query: str) -> list[dict]:
     people, site and employment status.
 
     Args:
-        query: Text to look for, for example "Nowak", "E-1013" or "Payroll & Benefits".
+        query: Text to look for, for example "Nowak", "E-9999" or "Payroll & Benefits".
     """
     wanted = query.strip().casefold()
     if not wanted:
@@ -78,7 +78,7 @@ def get_employee(db, employee_id: str) -> dict:
     email, and the approval delegations the employee has given or received.
 
     Args:
-        employee_id: An employee id such as "E-1013".
+        employee_id: An employee id such as "E-9999".
     """
     e = _employee(db, employee_id)
     names = _names(db)

@@ -52,7 +52,7 @@ def get_user(db, user_id: str) -> dict:
     the IT tickets concerning the user.
 
     Args:
-        user_id: A user id such as "u10318".
+        user_id: A user id such as "u99999".
     """
     u = one(db, "users", user_id=user_id)
     profile = {k: u[k] for k in ("user_id", "username", "full_name", "email", "department", "title")}
@@ -80,7 +80,7 @@ def list_user_grants(db, user_id: str) -> dict:
     and the grant and expiry dates. Served by the entitlement aggregation service.
 
     Args:
-        user_id: A user id such as "u10318".
+        user_id: A user id such as "u99999".
     """
     one(db, "users", user_id=user_id)
     grants = []
@@ -102,7 +102,7 @@ def list_access_requests(db, user_id: str) -> list[dict]:
     (approver, decision, date, comment).
 
     Args:
-        user_id: The user the access was requested for, such as "u10318".
+        user_id: The user the access was requested for, such as "u99999".
     """
     one(db, "users", user_id=user_id)
     out = []
@@ -180,7 +180,7 @@ def provision_access(db, request_id: str) -> dict:
     maximum), and marks the request fulfilled.
 
     Args:
-        request_id: The access request to fulfil, such as "REQ-30212".
+        request_id: The access request to fulfil, such as "REQ-99999".
     """
     req = one(db, "access_requests", request_id=request_id)
     if req["status"] != "approved":
@@ -252,7 +252,7 @@ def add_group_member(db, group_id: str, user_id: str, justification: str) -> dic
 
     Args:
         group_id: The group, such as "SG-GitHub-Platform".
-        user_id: The user to add, such as "u10318".
+        user_id: The user to add, such as "u99999".
         justification: Why the membership is needed (required).
     """
     group = one(db, "groups", group_id=group_id)

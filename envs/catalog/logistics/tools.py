@@ -130,8 +130,8 @@ def search_inventory(db, query: str, warehouse_id: str) -> list[dict]:
     the product's classification and hazmat data.
 
     Args:
-        query: Words to match, for example "skillet" or "PCC-FD-083".
-        warehouse_id: A warehouse id such as "RNO1".
+        query: Words to match, for example "skillet" or "PCC-FD-999".
+        warehouse_id: A warehouse id such as "RNO9".
     """
     one(db, "warehouses", warehouse_id=warehouse_id)
     words = [w for w in query.casefold().split() if w]
@@ -160,7 +160,7 @@ def list_lane_carriers(db, lane_id: str) -> dict:
     insurance and safety rating.
 
     Args:
-        lane_id: A lane id such as "LN-SAC2-PDX".
+        lane_id: A lane id such as "LN-SAC9-PDX".
     """
     lane = one(db, "lanes", lane_id=lane_id)
     rates = []

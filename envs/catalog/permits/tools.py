@@ -162,7 +162,7 @@ def get_contractor(db, license_no: str) -> dict:
     Contractors Board.
 
     Args:
-        license_no: The state licence number, e.g. "1043287".
+        license_no: The state licence number, e.g. "9999999".
     """
     return one(db, "contractors", license_no=license_no.strip())
 
@@ -194,7 +194,7 @@ def get_records_request(db, request_id: str) -> dict:
     release already made to that requester.
 
     Args:
-        request_id: A request number such as "PRR-2026-0102".
+        request_id: A request number such as "PRR-9999-0102".
     """
     req = one(db, "records_requests", request_id=request_id.strip().upper())
     requester = one(db, "requesters", requester_id=req["requester_id"])

@@ -178,7 +178,7 @@ def get_prescription(db, rx_id: str) -> dict:
     electronically, and the fills dispensed so far.
 
     Args:
-        rx_id: A prescription number such as "RX-6104233".
+        rx_id: A prescription number such as "RX-9999999".
     """
     rx = one(db, "prescriptions", rx_id=rx_id)
     drug = one(db, "drugs", drug_id=rx["drug_id"])
@@ -212,7 +212,7 @@ def search_catalogue(db, query: str, store_id: str) -> list[dict]:
 
     Args:
         query: Words to match, for example "lisinopril" or "statin".
-        store_id: The store whose stock to show: a store id such as "ST-1204" or a fragment of its name.
+        store_id: The store whose stock to show: a store id such as "ST-9999" or a fragment of its name.
     """
     store = _store(db, store_id)
     words = [w for w in query.casefold().split() if w]
@@ -244,8 +244,8 @@ def screen_drug_for_patient(db, patient_id: str, drug_id: str) -> dict:
     status, copay, prior-authorisation flag and quantity limit for the drug).
 
     Args:
-        patient_id: A patient id such as "PT-100214".
-        drug_id: A catalogue drug id such as "D-ATOR20".
+        patient_id: A patient id such as "PT-999999".
+        drug_id: A catalogue drug id such as "D-ATOR99".
     """
     patient = one(db, "patients", patient_id=patient_id)
     drug = one(db, "drugs", drug_id=drug_id)
@@ -260,7 +260,7 @@ def dispensing_report(db, drug_id: str, quarter: str) -> dict:
     of unique patients who filled it and the number of fills in the quarter.
 
     Args:
-        drug_id: A catalogue drug id such as "D-NALX4".
+        drug_id: A catalogue drug id such as "D-NALX9".
         quarter: A calendar quarter written like "2025-Q3".
     """
     drug = one(db, "drugs", drug_id=drug_id)

@@ -112,7 +112,7 @@ def get_unit(db, unit_id: str) -> dict:
     maintenance requests.
 
     Args:
-        unit_id: A unit id such as "LIN-108".
+        unit_id: A unit id such as "LIN-999".
     """
     u = one(db, "units", unit_id=unit_id)
     b = one(db, "buildings", building_id=u["building_id"])
@@ -145,7 +145,7 @@ def get_maintenance_request(db, request_id: str) -> dict:
     validity) and any work orders already issued.
 
     Args:
-        request_id: A request id such as "MR-26-0421".
+        request_id: A request id such as "MR-26-9999".
     """
     r = one(db, "maintenance_requests", request_id=request_id)
     view = dict(r)
@@ -200,7 +200,7 @@ def check_licence(db, licence_number: str) -> dict:
     (ACTIVE, SUSPENDED, EXPIRED, REVOKED), issue and expiry dates and bond.
 
     Args:
-        licence_number: A CCB licence number such as "CCB-189556".
+        licence_number: A CCB licence number such as "CCB-999999".
     """
     row = one(db, "licence_registry", licence_number=licence_number.strip().upper())
     return {k: row[k] for k in ("licence_number", "holder_name", "board", "licence_type", "endorsements",

@@ -76,7 +76,7 @@ def lookup_customer(db, query: str) -> list[dict]:
     categories, why and when).
 
     Args:
-        query: A customer id such as "C-10233", an email address, a phone number, or a name.
+        query: A customer id such as "C-99999", an email address, a phone number, or a name.
     """
     wanted = query.strip().casefold()
     digits = "".join(ch for ch in wanted if ch.isdigit())
@@ -124,7 +124,7 @@ def get_order(db, order_id: str) -> dict:
     warranty claims.
 
     Args:
-        order_id: An order id such as "CS-260221-3388".
+        order_id: An order id such as "CS-999999-3388".
     """
     order = one(db, "orders", order_id=order_id)
     auths = find(db, "payment_authorizations", order_id=order_id)
@@ -248,7 +248,7 @@ def get_payment_status(db, auth_id: str) -> dict:
     refunded to the original payment method.
 
     Args:
-        auth_id: A payment authorisation id such as "PA-7QK2M9".
+        auth_id: A payment authorisation id such as "PA-9QK2M9".
     """
     return _gateway_view(db, one(db, "payment_authorizations", auth_id=auth_id))
 
@@ -259,7 +259,7 @@ def get_staff(db, query: str) -> list[dict]:
     and whether the account is active.
 
     Args:
-        query: A staff id such as "ST-117" or a name.
+        query: A staff id such as "ST-999" or a name.
     """
     wanted = query.strip().casefold()
     rows = [r for r in find(db, "staff") if r["staff_id"].casefold() == wanted or (wanted and wanted in r["full_name"].casefold())]

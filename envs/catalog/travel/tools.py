@@ -63,7 +63,7 @@ def find_traveller(db, query: str) -> list[dict]:
     delegations (who may book for them, and for whom they may book) and their trips.
 
     Args:
-        query: A traveller id such as "TRV-1063", an employee id, an email address, or a name.
+        query: A traveller id such as "TRV-9999", an employee id, an email address, or a name.
     """
     wanted = query.strip().casefold()
     rows = [
@@ -103,7 +103,7 @@ def get_trip(db, trip_id: str) -> dict:
     registration confirmation when the trip is for an event, and the bookings made so far.
 
     Args:
-        trip_id: A trip id such as "TR-2604-118".
+        trip_id: A trip id such as "TR-9999-118".
     """
     trip = one(db, "trips", trip_id=trip_id)
     out = {k: trip[k] for k in ("trip_id", "traveller_id")}

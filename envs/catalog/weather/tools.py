@@ -19,7 +19,7 @@ def resolve_weather_point(db, location: str, county: str | None = None) -> dict:
 
     Args:
         location: City and state, for example "Los Angeles, CA".
-        county: Optional county name or id, for example "Fresno County" or "CAC019", to tell apart places with the same name.
+        county: Optional county name or id, for example "Fresno County" or "CAC999", to tell apart places with the same name.
     """
     wanted = location.strip().casefold()
     counties = {r["county_id"]: r for r in find(db, "counties")}
@@ -48,7 +48,7 @@ def list_station_ids_by_county(db, county_id: str) -> list[str]:
     """Lists the ids of all weather stations registered in a county.
 
     Args:
-        county_id: A county id such as "CAC037".
+        county_id: A county id such as "CAC888".
     """
     one(db, "counties", county_id=county_id)
     return [r["station_id"] for r in find(db, "stations", county_id=county_id)]
@@ -87,7 +87,7 @@ def get_forecast_periods(db, forecast_id: str) -> dict:
     precipitation, wind range, short text).
 
     Args:
-        forecast_id: A forecast resource id such as "LOX/155,45".
+        forecast_id: A forecast resource id such as "LOX/999,45".
     """
     forecast = one(db, "forecasts", forecast_id=forecast_id)
     periods = []
