@@ -3,9 +3,11 @@
 `setup` lists the tools of the episode's MCP session (a fresh instance of
 the pair's side), loads the bundle and lets its hooks compose the
 instructions; `agent` runs one model turn through
-`prepare_turn`; `tools` runs the requested calls through `before_tool_call`
+`prepare_turn` (in the bundle's action mode); `tools` runs the requested
+calls through `before_tool_call`, `present_result` (what the model is shown)
 and `after_tool_result`; `finalizer` asks `finalize` whether to accept,
-replace, abstain or revise. The MCP session and the harness object live
+replace, abstain or revise. Read-only calls a hook makes itself
+(`view.lookup`) are recorded with the agent's, marked as the harness's. The MCP session and the harness object live
 outside the checkpointed state, in `LIVE`, for the life of the episode;
 `run_episode` opens and always closes the session. Nothing private about the pair
 (acceptance rules, mutation, label) reaches the harness or the model.
@@ -56,11 +58,6 @@ class Live:
     harness_usage: list[UsageRecord] = field(default_factory=list)
     pending: list[Observation] = field(default_factory=list)
 
-    def drain_usage(self) -> list[UsageRecord]:
-        """Usage of the hooks' own model questions since the last node."""
-        used, self.harness_usage = self.harness_usage, []
-        return used
-
     def record(self, observation: Observation) -> None:
         self.view.observations.append(observation)
         self.pending.append(observation)
@@ -69,7 +66,8 @@ class Live:
         """The node's share of the episode record: the calls made (the agent's and the hooks' own
         lookups, in order) and the usage of the hooks' model questions since the last node."""
         observations, self.pending = self.pending, []
-        return {"observations": observations, "usage": self.drain_usage()}
+        usage, self.harness_usage = self.harness_usage, []
+        return {"observations": observations, "usage": usage}
 
 
 LIVE: dict[str, Live] = {}

@@ -416,6 +416,9 @@ def detail_tools(view: EpisodeView, field: str, named_only: bool = True) -> list
     return named if named_only else named + [t for t in takers if t not in named]
 
 
+LOOKED_UP = "\n\n(Looked up before you started"  # how resolve_named_entities adds its findings to the request
+
+
 class ResolveNamedEntities(Component):
     name = "resolve_named_entities"
     summary = ("before the first turn, looks up what the request names (people, records, codes) with the search tools, "
@@ -453,8 +456,8 @@ class ResolveNamedEntities(Component):
                      f"{json.dumps(_compact(o.visible, self.params.rows)[0], ensure_ascii=False, default=str)}"
                      + (f" ({len(o.output)} records match: make sure which one the request means)"
                         if isinstance(o.output, list) and len(o.output) > 1 else "") for o in found]
-            view.instruction += ("\n\n(Looked up before you started, for what the request names; use the exact ids, and look "
-                                 "up anything else you need:)\n" + "\n".join(lines))
+            view.instruction += (f"{LOOKED_UP}, for what the request names; use the exact ids, and look up anything else "
+                                 "you need:)\n" + "\n".join(lines))
 
 
 class ReaskUnparsedCalls(Component):
@@ -465,6 +468,8 @@ class ReaskUnparsedCalls(Component):
         max_asks: int = Field(2, ge=1)
 
     async def finalize(self, view, answer):
+        if view.config.action_mode == "structured":  # a grammar-constrained turn is a call or an answer, never a mix
+            return None
         named = [t.name for t in view.tools if re.search(rf"(?<![\w.]){re.escape(t.name)}(?!\w)", answer)]
         asked = view.memory.get("reasked", 0)
         if not named or asked >= self.params.max_asks:
@@ -522,7 +527,7 @@ class CiteBlockingEvidence(Component):
             return None
         view.memory["asked_citation"] = True
         results = "\n".join(f"- {o.tool}: {o.seen[:600]}" for o in view.observations[-10:]) or "(no tool results)"
-        question = (f"Request:\n{view.instruction.split(chr(10) + chr(10))[0]}\n\nTool results:\n{results}\n\nYour answer:\n{answer}\n\n"
+        question = (f"Request:\n{view.instruction.split(LOOKED_UP)[0]}\n\nTool results:\n{results}\n\nYour answer:\n{answer}\n\n"
                     "Does one of these tool results show that the request cannot be carried out as asked? If so, copy the "
                     "exact words of that result.")
         cited = await view.ask([HumanMessage(question)], Citation)
