@@ -5,12 +5,15 @@ list them (themes alternate), so the judge's call after each episode and the
 next theme's prompt evict the agent's prefix. `after`: the agent's own slot
 (HERA_LOCAL_SLOTS=2) and the evaluation's order (one environment's episodes
 back to back). Each configuration runs H0 on the same pairs, both sides, in
-a child process with its own server and runs directory. Reported per
-configuration, over the episodes after the first of their environment: the
-latency of an episode's first model call and the share of the agent's prompt
-tokens served from the cache (goals: ≤ 10 s and ≥ 95%).
+a child process with its own server and runs directory; the agent's replies
+are capped at 64 tokens (`--max-tokens`), so that a call's latency is its
+prompt's processing and not a long reply's generation (about 10 tokens a
+second). Reported per configuration, over the episodes after the first of
+their environment: the latency of an episode's first model call and the
+share of the agent's prompt tokens served from the cache (goals: ≤ 10 s and
+≥ 95%).
 
-    python benchmarks/bench_cache.py [--pairs P ...] [--max-turns 3] [--out DIR] [--json]
+    python benchmarks/bench_cache.py [--pairs P ...] [--max-turns 2] [--max-tokens 64] [--out DIR] [--json]
 """
 
 from __future__ import annotations
@@ -36,17 +39,23 @@ PAIRS = ["hr-leave-balance-missing", "courses-grace-lopez-schedule-ambiguous", "
 CONFIGS = {"before": "1", "after": "2"}
 
 
-def child(config: str, pairs: list[str], max_turns: int) -> None:
+def child(config: str, pairs: list[str], max_turns: int, max_tokens: int, runs: Path) -> None:
     """One configuration: `before` evaluates pair by pair in the given order, `after` lets one evaluation order them."""
+    import shutil
+
     from graphs import api
+    from harness.bundle import BUNDLES
     from state.context import Context
 
+    bundle = runs / "H0-capped"
+    shutil.copytree(BUNDLES / "H0", bundle, dirs_exist_ok=True)
+    (bundle / "config.yaml").write_text(f"max_turns: 30\nmax_output_tokens: {max_tokens}\n")
     context = Context(agent_model="local", judge_model="local", max_turns=max_turns)
     if config == "before":
         for pair in pairs:
-            asyncio.run(api.evaluate("H0", [pair], context, run_id=f"cache-{config}-{pair}"))
+            asyncio.run(api.evaluate(str(bundle), [pair], context, run_id=f"cache-{config}-{pair}"))
     else:
-        asyncio.run(api.evaluate("H0", pairs, context, run_id=f"cache-{config}"))
+        asyncio.run(api.evaluate(str(bundle), pairs, context, run_id=f"cache-{config}"))
 
 
 def measure(runs: Path) -> dict:
@@ -78,26 +87,28 @@ def measure(runs: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", nargs="*", default=PAIRS, help="pairs in the order `before` runs them")
-    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--max-turns", type=int, default=2, help="agent turns per episode")
+    parser.add_argument("--max-tokens", type=int, default=64, help="cap on each agent reply")
     parser.add_argument("--out", help="keep the runs directories here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child, args.pairs, args.max_turns)
+        return child(args.child, args.pairs, args.max_turns, args.max_tokens, Path(os.environ["HERA_RUNS"]))
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-cache-"))
     results = {}
     for config, slots in CONFIGS.items():
         runs = out / config
         runs.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "HERA_RUNS": str(runs), "HERA_LOCAL_SLOTS": slots}
-        subprocess.run([sys.executable, __file__, "--child", config, "--max-turns", str(args.max_turns), "--pairs", *args.pairs],
-                       env=env, check=True, cwd=ROOT)
+        subprocess.run([sys.executable, __file__, "--child", config, "--max-turns", str(args.max_turns), "--max-tokens",
+                        str(args.max_tokens), "--pairs", *args.pairs], env=env, check=True, cwd=ROOT)
         results[config] = measure(runs)
     if args.json:
         print(json.dumps(results, indent=1))
         return
-    table = Table(title=f"agent prompt cache, H0 on {len(args.pairs)} pairs × 2 sides, episodes after the first of their environment")
+    table = Table(title=f"agent prompt cache: H0 (replies ≤ {args.max_tokens} tokens) on {len(args.pairs)} pairs × 2 sides, "
+                        "episodes after the first of their environment")
     for col in ("configuration", "episodes", "first call (median s)", "first call (max s)", "prompt tokens from cache"):
         table.add_column(col, justify="left" if col == "configuration" else "right")
     for config, r in results.items():
