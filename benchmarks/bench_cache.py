@@ -6,14 +6,14 @@ next theme's prompt evict the agent's prefix. `after`: the agent's own slot
 (HERA_LOCAL_SLOTS=2) and the evaluation's order (one environment's episodes
 back to back). Each configuration runs H0 on the same pairs, both sides, in
 a child process with its own server and runs directory; the agent's replies
-are capped at 64 tokens (`--max-tokens`), so that a call's latency is its
+are capped at 32 tokens (`--max-tokens`), so that a call's latency is its
 prompt's processing and not a long reply's generation (about 10 tokens a
 second). Reported per configuration, over the episodes after the first of
 their environment: the latency of an episode's first model call and the
 share of the agent's prompt tokens served from the cache (goals: ≤ 10 s and
 ≥ 95%).
 
-    python benchmarks/bench_cache.py [--pairs P ...] [--max-turns 2] [--max-tokens 64] [--out DIR] [--json]
+    python benchmarks/bench_cache.py [--pairs P ...] [--max-turns 2] [--max-tokens 32] [--out DIR] [--json]
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pairs", nargs="*", default=PAIRS, help="pairs in the order `before` runs them")
     parser.add_argument("--max-turns", type=int, default=2, help="agent turns per episode")
-    parser.add_argument("--max-tokens", type=int, default=64, help="cap on each agent reply")
+    parser.add_argument("--max-tokens", type=int, default=32, help="cap on each agent reply")
     parser.add_argument("--out", help="keep the runs directories here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
