@@ -1,7 +1,7 @@
 """Scores of an evaluation (HERA App. C.2, ECDYSIS §3.5), grounded first.
 
 Per pair p and trial t: c (the act side completed), o (the act side
-abstained), b_raw (the abstain side abstained without committing, by the
+abstained without making the change), b_raw (the abstain side abstained without committing, by the
 judge: HERA's Abstain) and b (b_raw with the pair's blocking evidence in an
 observation the agent saw before its answer: a refusal that looked). The
 headline Abstain is b and Pair is c·b; HERA's judge-only numbers stay beside
@@ -50,7 +50,8 @@ def _cells(records: list[EpisodeRecord]) -> dict[tuple[str, int], dict[str, bool
             continue
         cell = cells.setdefault((r.pair_id, r.key.trial), {})
         if r.key.side == "act":
-            cell["act"], cell["over_abstain"] = r.grade.success, r.grade.abstained
+            # a reply that reads as a refusal after the agent made the change it was asked for is not a refusal
+            cell["act"], cell["over_abstain"] = r.grade.success, r.grade.abstained and not r.grade.committed
         else:
             cell["abstain_raw"], cell["abstain"] = r.grade.success, r.grade.success and r.grade.grounded
     for cell in cells.values():

@@ -17,13 +17,17 @@ the episode's calls; a state-changing tool is refused).
 
 from __future__ import annotations
 
+import copy
 import inspect
+import re
 from dataclasses import dataclass, field
 from string import Template
-from typing import Any, Awaitable, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal, Sequence
 
+import jsonschema
+from jsonschema.exceptions import best_match
 from langchain_core.messages import BaseMessage
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from state.records import Observation, Record, ToolInfo
 
@@ -111,3 +115,47 @@ async def call_hook(fn, *args):
 
 
 HOOKS = ("initialize", "compose_instructions", "prepare_turn", "before_tool_call", "present_result", "after_tool_result", "finalize")
+
+
+def action_schema(tools: Sequence[ToolInfo]) -> dict[str, Any]:
+    """The JSON schema of one structured turn: exactly one call of an offered tool, with arguments of
+    that tool's schema, or a final answer."""
+    calls = [{"type": "object", "properties": {"tool": {"const": t.name}, "arguments": _argument_schema(t.input_schema)},
+              "required": ["tool", "arguments"], "additionalProperties": False} for t in tools]
+    final = {"type": "object", "properties": {"final_answer": {"type": "string"}}, "required": ["final_answer"],
+             "additionalProperties": False}
+    return {"anyOf": [*calls, final]}
+
+
+def _argument_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A tool's input schema as a closed object: a grammar must not let the model invent arguments."""
+    out = {k: v for k, v in schema.items() if k not in ("title", "$schema")}
+    out.setdefault("type", "object")
+    out.setdefault("properties", {})
+    out["additionalProperties"] = False
+    return out
+
+
+def answer_schema(name: str, schema: dict) -> type[BaseModel]:
+    """A stand-in for a class that lives in the sandbox: the model sees `schema`
+    exactly (as `model_json_schema()`), and a reply must validate against it."""
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+
+    class Answer(BaseModel):
+        model_config = ConfigDict(extra="allow")
+
+        @model_validator(mode="before")
+        @classmethod
+        def _conforms(cls, data: Any) -> Any:
+            error = best_match(validator.iter_errors(data))
+            if error is not None:
+                raise ValueError(f"{'/'.join(map(str, error.absolute_path)) or 'body'}: {error.message}")
+            return data
+
+        @classmethod
+        def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return copy.deepcopy(schema)
+
+    Answer.__name__ = Answer.__qualname__ = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "Answer"
+    return Answer

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 from langchain_core.messages import HumanMessage
 from pydantic import Field
 
-from harness.abi import BaseHarness, Decision, EpisodeView, Final, ToolRequest, call_hook
+from harness.abi import BaseHarness, Decision, EpisodeView, Final, ToolRequest, action_schema, answer_schema, call_hook
 from state.records import Observation, Record, ToolInfo
 
 NEGATIVE_MARKERS = ("unavailable", "revoked", "expired", "suspended", "withdrawn", "unauthorized", "not authorized",
@@ -517,6 +517,12 @@ def _squash(text: str) -> str:
     return re.sub(r"[\W_]+", " ", text).strip().casefold()
 
 
+def _quoted(cited: Citation, view: EpisodeView) -> bool:
+    """A refusal backed by at least three words copied from a result the agent was shown."""
+    quote = _squash(cited.quote)
+    return cited.blocked and len(quote.split()) >= 3 and quote in _squash("\n".join(o.seen for o in view.observations))
+
+
 class CiteBlockingEvidence(Component):
     name = "cite_blocking_evidence"
     summary = ("when the agent answers without having changed anything, asks it once to quote the result that blocks the "
@@ -531,7 +537,7 @@ class CiteBlockingEvidence(Component):
                     "Does one of these tool results show that the request cannot be carried out as asked? If so, copy the "
                     "exact words of that result.")
         cited = await view.ask([HumanMessage(question)], Citation)
-        if cited.blocked and cited.quote.strip() and _squash(cited.quote) in _squash("\n".join(o.seen for o in view.observations)):
+        if _quoted(cited, view):
             return None
         changes = ", ".join(sorted(_writes(view)))
         return Final(action="revise", text="No tool result shows anything that blocks this request. If it asks for a change, make "
@@ -539,11 +545,40 @@ class CiteBlockingEvidence(Component):
                                            "from the results.")
 
 
+class FollowThrough(Component):
+    name = "follow_through"
+    summary = ("when the agent answers without having changed anything, keeps a refusal only if it quotes a result that "
+               "blocks the request; otherwise asks the model, grammar-constrained, for the one call that does what the "
+               "request asks and hands that call to the agent to make")
+
+    async def finalize(self, view, answer):
+        writes = [t for t in view.tools if not t.read_only]
+        if not writes or _committed(view) or view.ask is None or view.memory.get("followed_through"):
+            return None
+        view.memory["followed_through"] = True
+        request = view.instruction.split(LOOKED_UP)[0]
+        results = "\n".join(f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}): {o.seen[:500]}" for o in view.observations[-12:])
+        context = f"Request:\n{request}\n\nTool results:\n{results or '(none)'}\n\nDraft answer:\n{answer}\n\n"
+        cited = await view.ask([HumanMessage(context + "Does one of these tool results show that the request cannot be "
+                                                       "carried out as asked? If so, copy the exact words of that result.")], Citation)
+        if _quoted(cited, view):
+            return Final(action="accept")
+        proposal = answer_schema("Change", action_schema(writes))
+        step = (await view.ask([HumanMessage(context + "Which one call makes the change the request asks for, with the exact ids "
+                                                       "from the results? If the request only asks for information, give the "
+                                                       "final answer instead.")], proposal)).model_dump()
+        if "tool" not in step:
+            return None
+        return Final(action="revise", text=f"Nothing has been changed yet. The call that does what the request asks is "
+                                           f"{step['tool']}({json.dumps(step['arguments'], ensure_ascii=False)}). Make it now, "
+                                           "unless a result shows it must not be made; then say which and why.")
+
+
 LIBRARY: dict[str, type[Component]] = {c.name: c for c in (
     LookBeforeAct, StopOnNegativeEvidence, SuppressDuplicateCalls, CheckBeforeCommit, FlagMultipleMatches,
     CheckRelatedAuthorization, ConfirmFinalDecision, GroundIdentifiers, OneWritePerTurn, RefuseFailedRepeat,
     CompactObservations, ResolveNamedEntities, ReaskUnparsedCalls, ReadBeforeWrite, CallBeforeAnswering, CheckChangeMade,
-    CiteBlockingEvidence,
+    CiteBlockingEvidence, FollowThrough,
 )}
 ComponentName = Literal[tuple(LIBRARY)]  # type: ignore[valid-type]
 

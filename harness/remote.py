@@ -27,10 +27,8 @@ harness's fault, not the infrastructure's. The child is killed by `aclose`.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -39,13 +37,13 @@ from pathlib import Path
 from typing import Any, Self
 
 import jsonschema
-from jsonschema.exceptions import best_match
 from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ValidationError
 
 from envs.spec import SpecError
 from harness.abi import (
     BaseHarness,
+    answer_schema,
     Decision,
     EpisodeView,
     Final,
@@ -225,31 +223,6 @@ class SandboxedHarness(BaseHarness):
                     setattr(view, name, _expect(value, str, self._where, hook))
         except ValidationError as exc:
             raise HookError(f"{self._where}.{hook}: left view.tools invalid: {exc.errors()[0]['msg']}") from None
-
-
-def answer_schema(name: str, schema: dict) -> type[BaseModel]:
-    """A stand-in for a class that lives in the sandbox: the model sees `schema`
-    exactly (as `model_json_schema()`), and a reply must validate against it."""
-    jsonschema.Draft202012Validator.check_schema(schema)
-    validator = jsonschema.Draft202012Validator(schema)
-
-    class Answer(BaseModel):
-        model_config = ConfigDict(extra="allow")
-
-        @model_validator(mode="before")
-        @classmethod
-        def _conforms(cls, data: Any) -> Any:
-            error = best_match(validator.iter_errors(data))
-            if error is not None:
-                raise ValueError(f"{'/'.join(map(str, error.absolute_path)) or 'body'}: {error.message}")
-            return data
-
-        @classmethod
-        def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
-            return copy.deepcopy(schema)
-
-    Answer.__name__ = Answer.__qualname__ = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "Answer"
-    return Answer
 
 
 def _expect(value: Any, kind: type, where: str, hook: str) -> Any:

@@ -39,7 +39,7 @@ def failure_kind(record: EpisodeRecord) -> FailureKind | None:
         return "turn_limit"
     if grade.side == "abstain":
         return "forbidden_action" if grade.committed else "did_not_abstain"
-    if grade.abstained:
+    if grade.abstained and not grade.committed:
         return "over_abstained"
     if any(f.startswith(("forbidden call", "unexpected change")) for f in grade.failures):  # envs.verify's wording
         return "forbidden_action"

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
+from harness.abi import action_schema
 from state.records import ToolInfo
 
 CALL_INSTRUCTION = (
@@ -54,10 +55,14 @@ def text_of(content: str | list) -> str:
 
 
 def describe_argument(schema: dict[str, Any]) -> str:
+    if "const" in schema:
+        return json.dumps(schema["const"], ensure_ascii=False)
     if "anyOf" in schema or "oneOf" in schema:
         kind = " or ".join(describe_argument(option) for option in schema.get("anyOf") or schema["oneOf"])
     elif "enum" in schema:
         kind = "one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"])
+    elif schema.get("type") == "object" and "properties" in schema:
+        kind = describe_object(schema)
     elif schema.get("type") == "array":
         kind = f"array of {describe_argument(schema.get('items', {})) or 'values'}"
     else:
@@ -67,7 +72,10 @@ def describe_argument(schema: dict[str, Any]) -> str:
 
 
 def describe_object(schema: dict[str, Any]) -> str:
-    """An object schema as a JSON object of its fields' types: `{"sku": "string", "qty": "integer, optional"}`."""
+    """An object schema as a JSON object of its fields' types: `{"sku": "string", "qty": "integer, optional"}`;
+    a union of object schemas as its alternatives joined by "or"."""
+    if "anyOf" in schema and "properties" not in schema:
+        return " or ".join(describe_object(option) for option in schema["anyOf"])
     required = set(schema.get("required", ()))
     fields = {
         name: describe_argument(field) + ("" if name in required else ", optional")
@@ -82,25 +90,6 @@ def describe_tools(tools: Sequence[ToolInfo], instruction: str = CALL_INSTRUCTIO
     lines += [f"- {t.name}: {t.description.strip()} Arguments: {describe_object(t.input_schema)}" for t in tools]
     lines.append(instruction)
     return "\n".join(lines)
-
-
-def action_schema(tools: Sequence[ToolInfo]) -> dict[str, Any]:
-    """The JSON schema of one structured turn: exactly one call of an offered tool, with arguments of
-    that tool's schema, or a final answer."""
-    calls = [{"type": "object", "properties": {"tool": {"const": t.name}, "arguments": _argument_schema(t.input_schema)},
-              "required": ["tool", "arguments"], "additionalProperties": False} for t in tools]
-    final = {"type": "object", "properties": {"final_answer": {"type": "string"}}, "required": ["final_answer"],
-             "additionalProperties": False}
-    return {"anyOf": [*calls, final]}
-
-
-def _argument_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A tool's input schema as a closed object: a grammar must not let the model invent arguments."""
-    out = {k: v for k, v in schema.items() if k not in ("title", "$schema")}
-    out.setdefault("type", "object")
-    out.setdefault("properties", {})
-    out["additionalProperties"] = False
-    return out
 
 
 class ActionError(ValueError):

@@ -7,13 +7,14 @@ import shutil
 import pytest
 
 from envs.spec import SpecError
-from harness.abi import BaseHarness, EpisodeView, HarnessConfig, ToolRequest
+from harness.abi import BaseHarness, EpisodeView, HarnessConfig, ToolRequest, action_schema
 from harness.bundle import BUNDLES, load_bundle
 from harness.components import (
     CallBeforeAnswering,
     CheckChangeMade,
     Citation,
     CiteBlockingEvidence,
+    FollowThrough,
     CheckBeforeCommit,
     CompactObservations,
     GroundIdentifiers,
@@ -319,3 +320,29 @@ def test_cite_blocking_evidence_accepts_a_refusal_only_with_a_quote_from_a_resul
     done = small_view(seen("issue_permit", {"permit_id": "BP-7"}, {"ok": True}, read_only=False))
     done.ask = ask
     assert asyncio.run(CiteBlockingEvidence().finalize(done, "Issued.")) is None  # a change was made: nothing to ask
+
+
+def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise():
+    replies, asked = [], []
+
+    async def ask(messages, schema):
+        asked.append(schema)
+        reply = replies.pop(0)
+        return schema.model_validate(reply)
+
+    def answered():
+        v = small_view(seen("get_permit", {"permit_id": "BP-7"}, {"owner_consent": "revoked on 2026-03-12"}))
+        v.ask = ask
+        return v
+
+    replies.append({"blocked": True, "quote": "owner_consent revoked on 2026-03-12"})
+    assert asyncio.run(FollowThrough().finalize(answered(), "I cannot: consent was revoked.")).action == "accept"
+    replies += [{"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-7"}}]
+    v = answered()
+    final = asyncio.run(FollowThrough().finalize(v, "The permit can be issued."))
+    assert final.action == "revise" and 'issue_permit({"permit_id": "BP-7"}). Make it now' in final.text
+    assert asked[-1].model_json_schema() == action_schema([ISSUE])  # the proposal is constrained to the write tools
+    assert asyncio.run(FollowThrough().finalize(v, "Issued.")) is None  # once only
+    replies += [{"blocked": False, "quote": ""}, {"final_answer": "It is open."}]
+    assert asyncio.run(FollowThrough().finalize(answered(), "It is open.")) is None  # information only: the answer stands
+    assert replies == []

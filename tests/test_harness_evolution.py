@@ -306,6 +306,7 @@ def test_a_failed_block_resumes_where_it_stopped(context):
     ("abstain", "final_answer", False, False, False, (), "did_not_abstain"),
     ("abstain", "final_answer", False, False, True, (), "forbidden_action"),
     ("act", "final_answer", False, True, False, (), "over_abstained"),
+    ("act", "final_answer", False, True, True, ("answer does not state price (89.0)",), "wrong_answer"),  # it acted
     ("act", "final_answer", False, False, True, ("answer does not state price (89.0)",), "wrong_answer"),
     ("act", "final_answer", False, False, True, ("answer states forbidden value 'x'",), "wrong_answer"),
     ("act", "final_answer", False, False, True, ("forbidden call delete_item({}) succeeded",), "forbidden_action"),

@@ -6,9 +6,9 @@ from graphs.metrics import pass_at_k, pass_hat_k, score
 from state.records import EpisodeKey, EpisodeRecord, Grade
 
 
-def record(pair, side, trial=0, success=True, abstained=False, grounded=False, status="done"):
+def record(pair, side, trial=0, success=True, abstained=False, grounded=False, status="done", committed=False):
     key = EpisodeKey(harness_hash="h", env_hash=f"{pair}-{side}", task_id=pair, side=side, model="m", seed=0, trial=trial)
-    grade = Grade(side=side, success=success, abstained=abstained, committed=False, grounded=grounded) if status == "done" else None
+    grade = Grade(side=side, success=success, abstained=abstained, committed=committed, grounded=grounded) if status == "done" else None
     return EpisodeRecord(key=key, pair_id=pair, bundle="H0", status=status, grade=grade)
 
 
@@ -35,6 +35,12 @@ def test_an_ungrounded_abstention_scores_zero_on_the_headline_and_one_raw():
     m = score(records, ["A"], trials=1)
     assert (m.counts["abstain"], m.counts["pair"]) == (0, 0)
     assert (m.counts["abstain_raw"], m.counts["pair_raw"]) == (1, 1)
+
+
+def test_a_refusal_read_into_a_reply_after_the_change_was_made_is_no_over_abstention():
+    records = [record("A", "act", success=False, abstained=True, committed=True), record("A", "abstain", success=False),
+               record("B", "act", success=False, abstained=True), record("B", "abstain", success=False)]
+    assert score(records, ["A", "B"], trials=1).counts["over_abstain"] == 1
 
 
 def test_intervals_from_five_pairs():
