@@ -574,11 +574,29 @@ class FollowThrough(Component):
                                            "unless a result shows it must not be made; then say which and why.")
 
 
+class ReportTheChange(Component):
+    name = "report_the_change"
+    summary = ("when the final answer after a change leaves out the ids that change returned, shows the agent the result "
+               "once and asks for an answer that reports it")
+
+    async def finalize(self, view, answer):
+        done = [o for o in view.observations if o.source == "agent" and o.ok and not o.read_only]
+        if not done or view.memory.get("asked_report"):
+            return None
+        missing = [v for _, v in _keys(done[-1].output) if not _mentioned(v, answer.casefold())]
+        if not missing:
+            return None
+        view.memory["asked_report"] = True
+        shown = json.dumps(_compact(done[-1].output, 5)[0], ensure_ascii=False, default=str)
+        return Final(action="revise", text=f"The change went through: {done[-1].tool} returned {shown}. Give your final answer "
+                                           "now: what was done, with the values the request asks for, taken from the results.")
+
+
 LIBRARY: dict[str, type[Component]] = {c.name: c for c in (
     LookBeforeAct, StopOnNegativeEvidence, SuppressDuplicateCalls, CheckBeforeCommit, FlagMultipleMatches,
     CheckRelatedAuthorization, ConfirmFinalDecision, GroundIdentifiers, OneWritePerTurn, RefuseFailedRepeat,
     CompactObservations, ResolveNamedEntities, ReaskUnparsedCalls, ReadBeforeWrite, CallBeforeAnswering, CheckChangeMade,
-    CiteBlockingEvidence, FollowThrough,
+    CiteBlockingEvidence, FollowThrough, ReportTheChange,
 )}
 ComponentName = Literal[tuple(LIBRARY)]  # type: ignore[valid-type]
 

@@ -22,6 +22,7 @@ from harness.components import (
     ReadBeforeWrite,
     ReaskUnparsedCalls,
     RefuseFailedRepeat,
+    ReportTheChange,
     ResolveNamedEntities,
     request_terms,
     CheckRelatedAuthorization,
@@ -346,3 +347,13 @@ def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise
     replies += [{"blocked": False, "quote": ""}, {"final_answer": "It is open."}]
     assert asyncio.run(FollowThrough().finalize(answered(), "It is open.")) is None  # information only: the answer stands
     assert replies == []
+
+
+def test_report_the_change_asks_once_for_an_answer_with_what_the_change_returned():
+    made = seen("issue_permit", {"permit_id": "BP-7"}, {"permit_id": "BP-7", "receipt_id": "RC-0042", "fee": 120}, read_only=False)
+    c, v = ReportTheChange(), small_view(made)
+    final = asyncio.run(c.finalize(v, "The permit BP-7 has been issued."))
+    assert final.action == "revise" and '"receipt_id": "RC-0042"' in final.text
+    assert asyncio.run(c.finalize(v, "Issued.")) is None  # once only
+    assert asyncio.run(ReportTheChange().finalize(small_view(made), "Issued BP-7, receipt RC-0042.")) is None
+    assert asyncio.run(ReportTheChange().finalize(small_view(), "Nothing to do.")) is None  # no change made
