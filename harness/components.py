@@ -577,17 +577,19 @@ class FollowThrough(Component):
 class ReportTheChange(Component):
     name = "report_the_change"
     summary = ("when the final answer after a change leaves out the ids that change returned, shows the agent the result "
-               "once and asks for an answer that reports it")
+               "and asks once for an answer that reports it; if it still leaves them out, the result is appended to it")
+
+    class Params(Record):
+        append_result: bool = Field(True, description="append the change's result to an answer that still leaves its ids out")
 
     async def finalize(self, view, answer):
         done = [o for o in view.observations if o.source == "agent" and o.ok and not o.read_only]
-        if not done or view.memory.get("asked_report"):
+        if not done or not [v for _, v in _keys(done[-1].output) if not _mentioned(v, answer.casefold())]:
             return None
-        missing = [v for _, v in _keys(done[-1].output) if not _mentioned(v, answer.casefold())]
-        if not missing:
-            return None
-        view.memory["asked_report"] = True
         shown = json.dumps(_compact(done[-1].output, 5)[0], ensure_ascii=False, default=str)
+        if view.memory.get("asked_report"):
+            return Final(action="replace", text=f"{answer.rstrip()}\n\n{done[-1].tool} returned: {shown}") if self.params.append_result else None
+        view.memory["asked_report"] = True
         return Final(action="revise", text=f"The change went through: {done[-1].tool} returned {shown}. Give your final answer "
                                            "now: what was done, with the values the request asks for, taken from the results.")
 

@@ -354,6 +354,9 @@ def test_report_the_change_asks_once_for_an_answer_with_what_the_change_returned
     c, v = ReportTheChange(), small_view(made)
     final = asyncio.run(c.finalize(v, "The permit BP-7 has been issued."))
     assert final.action == "revise" and '"receipt_id": "RC-0042"' in final.text
-    assert asyncio.run(c.finalize(v, "Issued.")) is None  # once only
+    again = asyncio.run(c.finalize(v, "Issued."))  # asked once; then the result goes with the answer
+    assert again.action == "replace" and again.text == ('Issued.\n\nissue_permit returned: {"permit_id": "BP-7", '
+                                                        '"receipt_id": "RC-0042", "fee": 120}')
+    assert asyncio.run(ReportTheChange({"append_result": False}).finalize(v, "Issued.")) is None
     assert asyncio.run(ReportTheChange().finalize(small_view(made), "Issued BP-7, receipt RC-0042.")) is None
     assert asyncio.run(ReportTheChange().finalize(small_view(), "Nothing to do.")) is None  # no change made
