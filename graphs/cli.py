@@ -361,7 +361,8 @@ def runs_show(args: argparse.Namespace) -> int:
 
 
 def runs_compare(args: argparse.Namespace) -> int:
-    """Two evaluation runs on the same pairs: each score, the paired difference with its interval, cost per episode."""
+    """Two evaluation runs on the same pairs: each score, the paired difference with its interval, cost per episode
+    (over the pairs both finished)."""
     ledger = Ledger(args.ledger)
     scored = {}
     for run_id in (args.before, args.after):
@@ -370,7 +371,8 @@ def runs_compare(args: argparse.Namespace) -> int:
         scored[run_id] = evaluation(ledger, run_id)
     (a, a_records), (b, b_records) = scored[args.before], scored[args.after]
     diff = paired_difference(a, b)
-    cost = {run_id: episode_cost(records) for run_id, (_, records) in scored.items()}
+    both = set(a.per_pair) & set(b.per_pair)
+    cost = {run_id: episode_cost([r for r in records if r.pair_id in both]) for run_id, (_, records) in scored.items()}
     if args.json:
         print(json.dumps({"before": args.before, "after": args.after, "metrics": {args.before: a.model_dump(), args.after: b.model_dump()},
                           "difference": diff, "cost": cost}, indent=1))

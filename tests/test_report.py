@@ -317,7 +317,7 @@ def test_report_of_a_real_scripted_harness_evolution_block(tmp_path, monkeypatch
 
 def test_runs_compare_gives_paired_differences(ledger, capsys):
     pairs = [f"p{i}" for i in range(6)]
-    record_eval(ledger, "base", {p: (False, False) for p in pairs})
+    record_eval(ledger, "base", {p: (False, False) for p in [*pairs, "only-in-base"]})
     record_eval(ledger, "small", {p: (i < 3, i < 4) for i, p in enumerate(pairs)}, "h1")
     assert main(["--ledger", str(ledger.path), "runs", "compare", "base", "small", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -326,5 +326,6 @@ def test_runs_compare_gives_paired_differences(ledger, capsys):
     low, high = pair["ci95"]
     assert 0.0 < low <= 50.0 <= high <= 100.0
     assert out["difference"]["abstain"]["difference"] == pytest.approx(400 / 6)
+    # cost is over the pairs both runs finished: base's seventh pair is left out
     assert out["cost"]["base"] == {"episodes": 12, "input_tokens": 10.0, "output_tokens": 5.0, "latency_s": 2.0}
     assert main(["--ledger", str(ledger.path), "runs", "compare", "base", "nope"]) == 2
