@@ -214,4 +214,7 @@ def test_compare_runs_each_method_on_the_same_protocol_and_coevolve_writes_a_rep
     assert len(out["pool"]) == 2 and Path(out["report"]["html"]).is_file()
     html = Path(out["report"]["html"]).read_text()
     assert "<svg" in html and out["run_id"] in html
+    assert main([*base, "coevolve", "--config", "coevolution", *protocol[:-1], "--run-id", out["run_id"]]) == 0  # resumed: done
+    text = capsys.readouterr().err  # tables go where progress goes
+    assert f"lineage of {out['run_id']}-h1" in text and "H0 adopted" in text and "c1 " in text
     assert main([*base, "compare", "nonsense", *protocol]) == 2

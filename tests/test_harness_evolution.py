@@ -345,8 +345,15 @@ def test_edit_checks_name_what_is_wrong():
     good = HarnessEdit(rationale="r", system_prompt_addition='Before you change a record, read it; if it is blocked, say "I cannot do this" and why.',
                        components=[ComponentChoice(name="look_before_act"), ComponentChoice(name="read_before_write", addresses=GROUP)],
                        skills=[Skill(id="s", title="Missing value", pattern="a result shows a required field as null",
-                                     tip="do not act; report which field is missing")])
+                                     tip="do not act; report which field is missing"),
+                               Skill(id="look_before_act", title="Look Before Act", pattern="a request names a record not yet read",
+                                     tip="read that record before any change")])
     assert edit_problems(good, {"look_before_act": {}}, [GROUP]) == []
+    internals = HarnessEdit(rationale="r", skills=[Skill(id="t", title="Turns", pattern="a tool call fails with not_found",
+                                                         tip="raise the turn limit and enable look_before_act")])
+    assert edit_problems(internals, {}, [GROUP]) == [
+        "skill 't' is not an instruction to the agent: it names the harness's internals or the failures ('look_before_act', "
+        "'turn limit')"]
 
 
 def test_a_rejected_edit_is_asked_again_with_the_reasons(staging):
