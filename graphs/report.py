@@ -152,12 +152,11 @@ def over_abstain_warning(metrics: dict | None) -> str:
 
 
 def score_cell(metrics: dict | None, name: str) -> str:
-    """A percentage for a complete run, counts for an incomplete one."""
+    """A stored metrics dict's count, with its percentage when the run is complete (n matters on small runs)."""
     if metrics is None:
         return "—"
-    if metrics["percent"]:
-        return f"{metrics['percent'][name]:.1f}%"
-    return f"{metrics['counts'][name]}/{metrics['totals'][name]}"
+    count = f"{metrics['counts'][name]}/{metrics['totals'][name]}"
+    return f"{count} ({metrics['percent'][name]:.1f}%)" if metrics["percent"] else count
 
 
 def count_cell(metrics: Metrics | None, name: str) -> str:

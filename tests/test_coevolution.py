@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -139,6 +140,11 @@ def test_baselines_grow_the_pool_as_configured(context, env, growth, designs):
         assert [b["admitted"] for b in screens] == [1, 1] and not Ledger(context.ledger).batches(f"{run_id}-e2")
 
 
+def journaled_roles(name: Path) -> Counter:
+    with sqlite3.connect(name / "runs" / "calls.db") as db:
+        return Counter(json.loads(reply)["usage"]["role"] for (reply,) in db.execute("select reply from calls"))
+
+
 @pytest.mark.parametrize("role,nth", [
     ("agent", 6),       # in the middle of an episode of round 1's diagnosis
     ("optimizer", 1),   # inside round 1's harness-evolution block, after its coding agent answered
@@ -172,12 +178,15 @@ def test_resume_after_sigkill_repeats_no_finished_episode_or_model_call(tmp_path
     assert lines.count(role) >= nth and lines.count(role) < whole[role]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    # finished calls (kept in the journal) by role: each made exactly once across the kill, none repeated,
-    # none skipped; a call in flight at the kill was not finished and is made after the resume
+    # finished calls (kept in the journal) by role: none skipped — the killed run's journal holds what the whole
+    # run's does — and none made again after the resume (each is logged once more when it is); a call in flight
+    # at the kill was not finished and is made after the resume. A kill between a journal write and its log line
+    # leaves the log one short, never over.
+    assert journaled_roles(tmp_path / "killed") == journaled_roles(tmp_path / "whole")
     finished = Counter(line for line in log.read_text().splitlines() if line.startswith("done "))
-    before = Counter(line for line in lines if line.startswith("done "))
-    assert before and finished == Counter(line for line in (tmp_path / "whole" / "calls.log").read_text().splitlines()
-                                          if line.startswith("done ")), f"{dict(finished)} against {dict(whole)}"
+    reference = Counter(line for line in (tmp_path / "whole" / "calls.log").read_text().splitlines() if line.startswith("done "))
+    assert any(line.startswith("done ") for line in lines)
+    assert finished <= reference and reference.total() - finished.total() <= 1, f"{dict(finished)} against {dict(reference)}"
     ledger = Ledger(tmp_path / "killed" / "ledger.db")
     assert [r["round"] for r in ledger.rounds("co-kill")] == [1, 2]
     executed = [a["episode_id"] for run in ledger.runs() for a in ledger.attempts(run["id"]) if a["status"] == "done"]

@@ -134,9 +134,9 @@ def test_harness_evolution_report(ledger):
     assert marks == ["Pair (grounded) H0: 0.0% at 60", "Pair (grounded) c1: 100.0% at 1,320", "Abstain (grounded) H0: 0.0% at 60",
                      "Abstain (grounded) c1: 100.0% at 1,320"]
     md = render_markdown(report)
-    assert ("- **H0 [adopted]  train Abstain (grounded) 0.0% Pair (grounded) 0.0% Act 100.0% Over-abstain 0.0% Abstain (raw) 0.0% "
-            "Pair (raw) 0.0%  val Abstain (grounded) 0.0% Pair (grounded) 0.0% Act 100.0% Over-abstain 0.0% Abstain (raw) 0.0% "
-            "Pair (raw) 0.0%** — the starting harness") in md
+    h0 = "Abstain (grounded) 0/1 (0.0%) Pair (grounded) 0/1 (0.0%) Act 1/1 (100.0%) Over-abstain 0/1 (0.0%) Abstain (raw) 0/1 (0.0%) " \
+         "Pair (raw) 0/1 (0.0%)"
+    assert f"- **H0 [adopted]  train {h0}  val {h0}** — the starting harness" in md
     assert "\n  - **c1 [adopted]" in md and "\n    - **c2 [rejected]** — rejected: leakage: DR-220; built by 1 model calls" in md
     assert "```diff\n--- a/prompts/system.md\n+++ b/prompts/system.md\n+Check every fact first.\n```" in md
     page = render_html(report)
