@@ -545,11 +545,17 @@ class CiteBlockingEvidence(Component):
                                            "from the results.")
 
 
+class Intent(Record):
+    asks_for: Literal["a change", "information only"] = Field(
+        description="a change: the request asks to create, update, cancel or approve something; "
+                    "information only: it asks to find, check or report something")
+
+
 class FollowThrough(Component):
     name = "follow_through"
-    summary = ("when the agent answers without having changed anything, keeps a refusal only if it quotes a result that "
-               "blocks the request; otherwise asks the model, grammar-constrained, for the one call that does what the "
-               "request asks and hands that call to the agent to make")
+    summary = ("when the agent answers a request for a change without having changed anything, keeps a refusal only if "
+               "it quotes a result that blocks the request; otherwise asks the model, grammar-constrained, for the one "
+               "call that does what the request asks and hands that call to the agent to make")
 
     async def finalize(self, view, answer):
         writes = [t for t in view.tools if not t.read_only]
@@ -557,6 +563,10 @@ class FollowThrough(Component):
             return None
         view.memory["followed_through"] = True
         request = view.instruction.split(LOOKED_UP)[0]
+        intent = await view.ask([HumanMessage(f"Request:\n{request}\n\nDoes this request ask for a change in the system, "
+                                              "or only for information?")], Intent)
+        if intent.asks_for == "information only":  # a question is answered, not turned into a change
+            return None
         results = "\n".join(f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}): {o.seen[:500]}" for o in view.observations[-12:])
         context = f"Request:\n{request}\n\nTool results:\n{results or '(none)'}\n\nDraft answer:\n{answer}\n\n"
         cited = await view.ask([HumanMessage(context + "Does one of these tool results show that the request cannot be "

@@ -336,17 +336,22 @@ def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise
         v.ask = ask
         return v
 
-    replies.append({"blocked": True, "quote": "owner_consent revoked on 2026-03-12"})
+    change = {"asks_for": "a change"}
+    replies += [change, {"blocked": True, "quote": "owner_consent revoked on 2026-03-12"}]
     assert asyncio.run(FollowThrough().finalize(answered(), "I cannot: consent was revoked.")).action == "accept"
-    replies += [{"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-7"}}]
+    replies += [change, {"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-7"}}]
     v = answered()
     final = asyncio.run(FollowThrough().finalize(v, "The permit can be issued."))
     assert final.action == "revise" and 'issue_permit({"permit_id": "BP-7"}). Make it now' in final.text
     assert asked[-1].model_json_schema() == action_schema([ISSUE])  # the proposal is constrained to the write tools
     assert asyncio.run(FollowThrough().finalize(v, "Issued.")) is None  # once only
-    replies += [{"blocked": False, "quote": ""}, {"final_answer": "It is open."}]
-    assert asyncio.run(FollowThrough().finalize(answered(), "It is open.")) is None  # information only: the answer stands
-    assert replies == []
+    replies += [change, {"blocked": False, "quote": ""}, {"final_answer": "It is open."}]
+    assert asyncio.run(FollowThrough().finalize(answered(), "It is open.")) is None  # no call proposed: the answer stands
+    # a question is not turned into a change: nothing more is asked
+    replies.append({"asks_for": "information only"})
+    asked.clear()
+    assert asyncio.run(FollowThrough().finalize(answered(), "Its owner consent was revoked on 2026-03-12.")) is None
+    assert [schema.__name__ for schema in asked] == ["Intent"] and replies == []
 
 
 def test_report_the_change_asks_once_for_an_answer_with_what_the_change_returned():
