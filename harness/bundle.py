@@ -5,8 +5,10 @@ A bundle is `manifest.yaml` (id, parent_id, origin, description),
 `string.Template` with `$context`), `hooks.py` (a `Harness` subclass of
 `BaseHarness`), and optional `components.yaml` (generic control logic from
 `harness.components`, by name with parameters), `skills/*.md`, `memory.yaml`
-and `subagents/*.yaml`. The content hash covers every file, so lineage entries
-name exact versions.
+and `subagents/*.yaml`. The content hash covers every file and the code of
+the harness library the bundle runs on (`harness/*.py`: hooks' base class,
+components, sandbox), so lineage entries name exact versions and a cached
+rollout is never reused after a component's code changes.
 
 Only a built-in bundle (under `harness/bundles/`) is trusted: the code of any
 other is never run in this process. Loading it checks `hooks.py` statically;
@@ -34,6 +36,8 @@ from state.evolution import ComponentChoice
 from state.records import Record, content_hash
 
 BUNDLES = Path(__file__).parent / "bundles"
+# The library's code, part of every bundle's hash: a component that behaves differently is a different harness.
+LIBRARY_CODE = content_hash({p.name: p.read_text() for p in sorted(Path(__file__).parent.glob("*.py"))})
 
 
 class Manifest(Record):
@@ -120,7 +124,7 @@ def _load_bundle(path: Path, signature: tuple) -> Bundle:
         memory=read_yaml(path / "memory.yaml") if (path / "memory.yaml").is_file() else {},
         subagents={p.stem: read_yaml(p) for p in sorted((path / "subagents").glob("*.yaml"))},
         hooks_source=source,
-        hash=content_hash(files),
+        hash=content_hash({**files, "(harness library)": LIBRARY_CODE}),
         components=components,
     )
 

@@ -31,6 +31,17 @@ def test_hash_covers_every_file(tmp_path):
     assert load_bundle(bundle).hash != before
 
 
+def test_hash_covers_the_harness_library(tmp_path, monkeypatch):
+    # a component whose code changed is a different harness: its cached rollouts must not be reused
+    import harness.bundle
+
+    bundle = copy(tmp_path)
+    before = load_bundle(bundle).hash
+    monkeypatch.setattr(harness.bundle, "LIBRARY_CODE", "another version of harness/components.py")
+    harness.bundle._load_bundle.cache_clear()
+    assert load_bundle(bundle).hash != before
+
+
 def test_hook_that_raises_is_rejected(tmp_path):
     bundle = copy(tmp_path)
     (bundle / "hooks.py").write_text(
