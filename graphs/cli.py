@@ -766,9 +766,9 @@ def coevolve(args: argparse.Namespace) -> int:
     else:
         if result["bench"]:
             console.print(metrics_table(result["run_id"], str(result["harness"]), args.model, Metrics.model_validate(result["bench"])))
-        entries = [e for e in Ledger(args.ledger).lineage() if e.run_id.startswith(result["run_id"])]
-        for block in dict.fromkeys(e.run_id for e in entries):  # what each block adopted or kept, and why
-            console.print(lineage_tree(block, [e for e in entries if e.run_id == block]))
+        ledger = Ledger(args.ledger)  # what each round's harness-evolution block adopted or kept, and why
+        for block in dict.fromkeys(r["harness_run"] for r in ledger.rounds(result["run_id"]) if r.get("harness_run")):
+            console.print(lineage_tree(block, ledger.lineage(block)))
         console.print(f"report: {paths['html']}")
     return 0 if result["bench"] is None or result["bench"]["complete"] else 1
 

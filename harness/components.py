@@ -517,6 +517,10 @@ def _squash(text: str) -> str:
     return re.sub(r"[\W_]+", " ", text).strip().casefold()
 
 
+CITE_QUESTION = ("Does one of these tool results show that the request cannot be carried out as asked? If so, copy the "
+                 "exact words of that result.")
+
+
 def _quoted(cited: Citation, view: EpisodeView) -> bool:
     """A refusal backed by at least three words copied from a result the agent was shown."""
     quote = _squash(cited.quote)
@@ -534,8 +538,7 @@ class CiteBlockingEvidence(Component):
         view.memory["asked_citation"] = True
         results = "\n".join(f"- {o.tool}: {o.seen[:600]}" for o in view.observations[-10:]) or "(no tool results)"
         question = (f"Request:\n{view.instruction.split(LOOKED_UP)[0]}\n\nTool results:\n{results}\n\nYour answer:\n{answer}\n\n"
-                    "Does one of these tool results show that the request cannot be carried out as asked? If so, copy the "
-                    "exact words of that result.")
+                    + CITE_QUESTION)
         cited = await view.ask([HumanMessage(question)], Citation)
         if _quoted(cited, view):
             return None
@@ -569,8 +572,7 @@ class FollowThrough(Component):
             return None
         results = "\n".join(f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}): {o.seen[:500]}" for o in view.observations[-12:])
         context = f"Request:\n{request}\n\nTool results:\n{results or '(none)'}\n\nDraft answer:\n{answer}\n\n"
-        cited = await view.ask([HumanMessage(context + "Does one of these tool results show that the request cannot be "
-                                                       "carried out as asked? If so, copy the exact words of that result.")], Citation)
+        cited = await view.ask([HumanMessage(context + CITE_QUESTION)], Citation)
         if _quoted(cited, view):
             return Final(action="accept")
         proposal = answer_schema("Change", action_schema(writes))

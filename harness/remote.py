@@ -43,12 +43,12 @@ from pydantic import BaseModel, ValidationError
 from envs.spec import SpecError
 from harness.abi import (
     BaseHarness,
-    answer_schema,
     Decision,
     EpisodeView,
     Final,
     HarnessConfig,
     ToolRequest,
+    answer_schema,
     call_hook,
 )
 from harness.bundle import Bundle, load_bundle

@@ -15,10 +15,10 @@ from langchain_core.messages import messages_to_dict
 from pydantic import BaseModel, ValidationError
 
 from graphs.episode import run_episode
-from harness.abi import EpisodeView, ToolRequest
+from harness.abi import EpisodeView, ToolRequest, answer_schema
 from harness.bundle import BUNDLES, load_bundle
 from harness.check import _TOOL, check_bundle
-from harness.remote import HookError, SandboxedHarness, answer_schema
+from harness.remote import HookError, SandboxedHarness
 from harness.sandbox import ROOT, isolation
 from roles import scripted
 from state.context import Context, EpisodeRequest
