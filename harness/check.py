@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from langchain_core.messages import BaseMessage, HumanMessage
@@ -22,7 +21,7 @@ from pydantic import BaseModel
 from envs.spec import SpecError
 from harness.abi import Decision, EpisodeView, Final, ToolRequest, call_hook
 from harness.bundle import load_bundle, resolve_bundle
-from harness.sandbox import run_sandboxed, stage
+from harness.sandbox import run_sandboxed, stage, workspace
 from state.records import Observation, ToolInfo
 
 _TOOL = ToolInfo(name="lookup", description="Looks a record up.", input_schema={"type": "object", "properties": {"id": {"type": "string"}}}, read_only=True)
@@ -108,10 +107,10 @@ async def drive(bundle_dir: str) -> list[str]:
 def check_bundle(name: str | Path, timeout_s: float = 60) -> list[str]:
     """Problems with a bundle, found by driving its hooks in the sandbox."""
     path = resolve_bundle(name).resolve()
-    with tempfile.TemporaryDirectory(prefix="hera-check-") as tmp:
-        copy = stage(path, Path(tmp))
+    with workspace("check") as tmp:
+        copy = stage(path, tmp)
         try:
-            done = run_sandboxed(["-m", "harness.check", str(copy)], timeout_s=timeout_s, cwd=Path(tmp))
+            done = run_sandboxed(["-m", "harness.check", str(copy)], timeout_s=timeout_s, cwd=tmp)
         except subprocess.TimeoutExpired:
             return [f"{path}: hooks did not finish within {timeout_s:.0f}s"]
     try:

@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any, Self
@@ -52,7 +51,7 @@ from harness.abi import (
     call_hook,
 )
 from harness.bundle import Bundle, load_bundle
-from harness.sandbox import Child, ChildError, stage
+from harness.sandbox import Child, ChildError, scratch, stage
 from state.records import Observation, ToolInfo
 
 _PUBLIC = ("instruction", "context", "tools")
@@ -164,7 +163,7 @@ class SandboxedHarness(BaseHarness):
                 raise HookError(f"{self._where}.{hook}: the sandboxed child sent {op!r}, not a reply")
 
     async def _start(self, hook: str) -> None:
-        self._workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-harness-"))
+        self._workdir = await asyncio.to_thread(scratch, "harness")
         staged = await asyncio.to_thread(stage, self.bundle.path, self._workdir)
         self._staged = str(staged)
         self._child = await Child.start(["-m", "harness.remote", str(staged)], workdir=self._workdir, cpu_s=self.cpu_s,

@@ -15,10 +15,12 @@ unavailable the jail falls back to `unshare -n`, then to limits only;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import functools
 import json
 import os
+import re
 import resource
 import secrets
 import shutil
@@ -28,14 +30,59 @@ import sys
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
 ROOT = Path(__file__).resolve().parent.parent
 Isolation = Literal["namespaces", "network", "none"]
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_MOVE, _MS_REC = 1, 2, 4, 8, 32, 4096, 8192, 16384
 _CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
-_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_NO_NEW_PRIVS, _PR_SET_PDEATHSIG = 38, 1
+_MNT_DETACH = 2
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+_MS_RELATIME = 1 << 21
+_ST_TO_MS = {os.ST_NODEV: _MS_NODEV, os.ST_NOEXEC: _MS_NOEXEC, os.ST_NOATIME: 1024, os.ST_NODIRATIME: 2048,
+             os.ST_RELATIME: _MS_RELATIME, os.ST_RDONLY: _MS_RDONLY}
+
+
+def scratch(kind: str) -> Path:
+    """A new working directory for a sandboxed child, named by this process's
+    pid so that one left behind by a killed evaluator is removed by the next."""
+    _sweep()
+    return Path(tempfile.mkdtemp(prefix=f"hera-{kind}-{os.getpid()}-"))
+
+
+@contextlib.contextmanager
+def workspace(kind: str) -> Iterator[Path]:
+    """`scratch(kind)`, removed on exit."""
+    path = scratch(kind)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@functools.cache
+def _sweep() -> None:
+    for path in Path(tempfile.gettempdir()).glob("hera-*-*-*"):
+        owner = re.fullmatch(r"hera-[a-z]+-(\d+)-\w+", path.name)
+        if owner and path.is_dir() and not _alive(int(owner[1])):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _die_with_parent() -> None:
+    """In the forked child, before exec: SIGKILL when the evaluator dies, even by SIGKILL."""
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def private_dirs() -> tuple[Path, ...]:
@@ -88,12 +135,12 @@ def run_sandboxed(args: list[str], *, timeout_s: float = 30, memory_mb: int = 10
                   cwd: Path | None = None, hidden: list[Path] | None = None) -> subprocess.CompletedProcess:
     """Run `python *args` in the sandbox, in `cwd` (a fresh directory when None);
     raises `subprocess.TimeoutExpired` after `timeout_s`, with every process it started killed."""
-    with tempfile.TemporaryDirectory(prefix="hera-sandbox-") as tmp:
-        workdir = Path(cwd or tmp)
+    with workspace("sandbox") as tmp:
+        workdir = cwd or tmp
         argv, env = sandbox_command(args, workdir=workdir, cpu_s=max(1, int(timeout_s)), memory_mb=memory_mb,
                                     max_processes=max_processes, hidden=hidden)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env, cwd=workdir, start_new_session=True)
+                                text=True, env=env, cwd=workdir, start_new_session=True, preexec_fn=_die_with_parent)
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -128,7 +175,7 @@ class Child:
         argv, env = await asyncio.to_thread(sandbox_command, args, workdir=workdir, cpu_s=cpu_s, memory_mb=memory_mb)
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env, cwd=workdir, start_new_session=True, limit=cls.LINE_LIMIT)
+            env=env, cwd=workdir, start_new_session=True, preexec_fn=_die_with_parent, limit=cls.LINE_LIMIT)
         return cls(proc, owner)
 
     async def send(self, message: dict, timeout_s: float) -> None:
@@ -197,8 +244,8 @@ def kill(pid: int) -> None:
 
 
 def _env(workdir: Path) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "LANG": "C.UTF-8",
-            "HOME": str(workdir), "PYTHONDONTWRITEBYTECODE": "1"}
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "LANG": "C.UTF-8", "HOME": str(workdir),
+            "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def _command(argv: list[str], *, level: Isolation, hidden, workdir: Path, cpu_s: int, memory_mb: int,
@@ -209,13 +256,14 @@ def _command(argv: list[str], *, level: Isolation, hidden, workdir: Path, cpu_s:
         "network": ["unshare", "-n"],
         "none": [],
     }[level]
+    jailed = level == "namespaces"
     spec = {
-        "hide": [str(p) for p in hidden] if level == "namespaces" else [],
-        "lock": level == "namespaces" and not root,
+        "root": _visible() if jailed else None,
+        "hide": [str(p) for p in hidden] if jailed else [],
+        "lock": jailed and not root,
         # A fresh uid per child: RLIMIT_NPROC counts per uid and is not enforced for root, who
-        # also owns the project's files. It needs a mount namespace to reach the interpreter.
-        "uid": 100_000 + secrets.randbelow(1_000_000) if root and level == "namespaces" else None,
-        "expose": _exposed() if root and level == "namespaces" else [],
+        # also owns the project's files.
+        "uid": 100_000 + secrets.randbelow(1_000_000) if root and jailed else None,
         "workdir": str(workdir),
         "limits": {"RLIMIT_CPU": cpu_s, "RLIMIT_AS": memory_mb << 20, "RLIMIT_NPROC": max_processes,
                    "RLIMIT_FSIZE": 64 << 20, "RLIMIT_CORE": 0},
@@ -223,16 +271,23 @@ def _command(argv: list[str], *, level: Isolation, hidden, workdir: Path, cpu_s:
     return [*prefix, sys.executable, "-I", "-S", str(Path(__file__).resolve()), json.dumps(spec), "--", *argv]
 
 
-def _exposed() -> list[tuple[str, str]]:
-    """(A, D) pairs: the child needs directory D (the interpreter, the venv, the
-    project), but only root may enter its ancestor A (a pyenv under /root)."""
-    pairs = []
-    for need in dict.fromkeys(Path(p).resolve() for p in (sys.base_prefix, sys.prefix, ROOT)):
-        for ancestor in reversed(need.parents):
-            if not os.stat(ancestor).st_mode & 0o001:
-                pairs.append((str(ancestor), str(need)))
-                break
-    return pairs
+_PACKAGES = ("state", "envs", "harness", "roles", "graphs", "prompts")
+_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/ld.so.conf",
+           "/etc/ld.so.conf.d", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf")
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+@functools.cache
+def _visible() -> list[str]:
+    """Everything a sandboxed child sees of the host, read-only: the system's
+    programs and libraries, the interpreter with its installed packages and the
+    project's code packages. Not home, not `/tmp`, not the runs, not any
+    catalog (the project's own is hidden again inside `envs`)."""
+    import site
+
+    paths = [*_SYSTEM, sys.base_prefix, sys.prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+             *site.getsitepackages(), *(str(ROOT / name) for name in _PACKAGES)]
+    return [p for p in dict.fromkeys(paths) if os.path.lexists(p)]
 
 
 def _jail(spec: dict, argv: list[str]) -> None:
@@ -243,33 +298,65 @@ def _jail(spec: dict, argv: list[str]) -> None:
             err = ctypes.get_errno()
             raise OSError(err, f"sandbox: {what}: {os.strerror(err)}")
 
-    for path in spec["hide"]:
+    def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None, what: str) -> None:
+        check(libc.mount(source.encode(), target.encode(), fstype and fstype.encode(), flags, data and data.encode()), what)
+
+    def bind(path: str, target: str, writable: bool = False) -> None:
         if os.path.isdir(path):
-            check(libc.mount(b"none", path.encode(), b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                             b"size=4k,mode=0555"), f"hiding {path}")
-    for blocked, need in spec["expose"]:
-        # Replace A by an empty tmpfs holding only D, bound back in: the rest of A stays hidden.
-        stage = tempfile.mkdtemp(prefix="hera-stage-")
-        check(libc.mount(need.encode(), stage.encode(), None, _MS_BIND | _MS_REC, None), f"binding {need}")
-        check(libc.mount(b"none", blocked.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=64k,mode=0755"),
-              f"covering {blocked}")
-        target = os.path.join(blocked, os.path.relpath(need, blocked))
-        os.makedirs(target, exist_ok=True)
-        check(libc.mount(stage.encode(), target.encode(), None, _MS_MOVE, None), f"exposing {need}")
-        os.rmdir(stage)
-        check(libc.mount(b"none", blocked.encode(), None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None),
-              f"sealing {blocked}")
+            os.makedirs(target, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            open(target, "a").close()
+        mount(path, target, None, _MS_BIND, None, f"binding {path}")
+        # A bind mount keeps the flags it may not lose (in a user namespace) only if they are named again.
+        kept = functools.reduce(lambda a, f: a | (_ST_TO_MS[f] if os.statvfs(target).f_flag & f else 0), _ST_TO_MS, 0)
+        flags = kept | _MS_REMOUNT | _MS_BIND | _MS_NOSUID | (0 if writable else _MS_RDONLY)
+        mount("none", target, None, flags, None, f"sealing {path}")
+
+    workdir = spec["workdir"]
+    if spec["root"] is not None:
+        # A new root on an empty tmpfs holding only what the child may see, then the host's root is
+        # detached: nothing else of the host (home, /tmp, other checkouts, ledgers) is reachable.
+        new = os.path.join(workdir, ".root")
+        os.makedirs(new, exist_ok=True)
+        mount("none", new, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755", "mounting the new root")
+        for path in spec["root"]:
+            target = new + path
+            if os.path.islink(path):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.symlink(os.readlink(path), target)
+            elif not os.path.lexists(target):
+                bind(path, target)
+        for name in _DEVICES:
+            bind(f"/dev/{name}", f"{new}/dev/{name}", writable=True)
+        for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+            os.symlink(to, f"{new}/dev/{name}")
+        os.makedirs(f"{new}/proc")
+        mount("proc", f"{new}/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None, "mounting /proc")
+        for private in ("/tmp", "/dev/shm"):
+            os.makedirs(new + private, exist_ok=True)
+            mount("none", new + private, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=64m,mode=1777", f"mounting a private {private}")
+        bind(workdir, new + workdir, writable=True)
+        os.chdir(new)
+        check(libc.syscall(_SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
+        check(libc.umount2(b".", _MNT_DETACH), "detaching the host's root")
+        os.chdir("/")
+        mount("none", "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None, "sealing the new root")
+        for path in spec["hide"]:
+            if os.path.isdir(path):
+                mount("none", path, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "size=4k,mode=0555", f"hiding {path}")
     if spec["lock"]:
-        # A less privileged user namespace: the tmpfs mounts above can no longer be removed.
+        # A less privileged user namespace: the mounts above can no longer be removed.
         check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS), "entering a nested user namespace")
     uid = spec["uid"]
     if uid is not None:
-        for top, dirs, files in os.walk(spec["workdir"]):
+        for top, dirs, files in os.walk(workdir):
             for name in [top, *(os.path.join(top, n) for n in dirs + files)]:
                 os.lchown(name, uid, uid)
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    os.chdir(workdir)
     check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "setting no_new_privs")
     for name, value in spec["limits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))

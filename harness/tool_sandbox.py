@@ -19,7 +19,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Self
 
@@ -27,7 +26,7 @@ from envs.construct import check_task as run_task_check, stage_public, tool_prob
 from envs.runtime import EnvInstance
 from envs.spec import SpecError, load_environment
 from harness.remote import _Channel
-from harness.sandbox import Child, ChildError, run_sandboxed
+from harness.sandbox import Child, ChildError, run_sandboxed, scratch, workspace
 from state.construction import TaskCheck
 from state.records import Observation, TaskSpec, ToolInfo
 
@@ -37,12 +36,12 @@ class ToolSandboxError(RuntimeError):
 
 
 def _run(directory: Path, args: list[str], timeout_s: float, files: dict[str, str] | None = None) -> dict:
-    with tempfile.TemporaryDirectory(prefix="hera-tools-") as tmp:
-        copy = stage_public(Path(directory), Path(tmp))
+    with workspace("tools") as tmp:
+        copy = stage_public(Path(directory), tmp)
         for name, text in (files or {}).items():
-            (Path(tmp) / name).write_text(text)
+            (tmp / name).write_text(text)
         try:
-            done = run_sandboxed(["-m", "harness.tool_sandbox", args[0], str(copy), *args[1:]], timeout_s=timeout_s, cwd=Path(tmp))
+            done = run_sandboxed(["-m", "harness.tool_sandbox", args[0], str(copy), *args[1:]], timeout_s=timeout_s, cwd=tmp)
         except subprocess.TimeoutExpired:
             raise ToolSandboxError(f"{directory}: did not finish within {timeout_s:g}s (an endless loop in tools.py?)") from None
     try:
@@ -81,7 +80,7 @@ class SandboxedTools:
         self._workdir: Path | None = None
 
     async def __aenter__(self) -> Self:
-        self._workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-tools-"))
+        self._workdir = await asyncio.to_thread(scratch, "tools")
         copy = await asyncio.to_thread(stage_public, self.directory, self._workdir)
         try:
             self._child = await Child.start(["-m", "harness.tool_sandbox", "serve", str(copy)], workdir=self._workdir,
