@@ -1,0 +1,187 @@
+"""What sandboxed code can reach: answer files planted where a careless setup
+leaves them (a second checkout, the host's /tmp, the home directory, a ledger
+kept outside the runs directory) are out of sight of candidate hooks and of
+environment tools, and the two sides of a pair have no channel between them."""
+
+import asyncio
+import os
+import shutil
+import sqlite3
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from harness.bundle import load_bundle
+from harness.remote import SandboxedHarness
+from harness.sandbox import ROOT, isolation, scratch
+from harness.tool_sandbox import SandboxedTools
+from tests.conftest import FIXTURES
+from tests.test_sandbox import candidate, view_for
+
+pytestmark = pytest.mark.skipif(isolation() != "namespaces", reason=f"isolation here is {isolation()!r}: no mount namespaces")
+
+ANSWER = "label: abstain, witness: R-7"
+
+
+@pytest.fixture
+def planted():
+    """Answer files anyone could read, in the places a hook would look."""
+    top = Path(tempfile.mkdtemp(prefix="hera-planted-"))
+    os.chmod(top, 0o755)
+    checkout = top / "second-checkout"
+    shutil.copytree(ROOT / "envs" / "catalog", checkout / "envs" / "catalog")
+    ledger = top / "elsewhere" / "hera.db"
+    ledger.parent.mkdir()
+    with sqlite3.connect(ledger) as db:
+        db.execute("create table episodes (label text)")
+        db.execute("insert into episodes values (?)", (ANSWER,))
+    home = Path.home() / f".hera-planted-{os.getpid()}"
+    home.write_text(ANSWER)
+    loose = top / "answers.txt"
+    loose.write_text(ANSWER)
+    paths = [next(checkout.rglob("pairs/*.yaml")), ledger, home, loose, next((ROOT / "envs" / "catalog").rglob("pairs/*.yaml"))]
+    for path in (*paths, *(p for path in paths for p in path.parents if top in p.parents)):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    yield paths
+    home.unlink()
+    shutil.rmtree(top)
+
+
+PROBE = '''
+def probe(paths):
+    import sqlite3
+    seen = []
+    for path in paths:
+        try:
+            if path.endswith(".db"):
+                seen.append(str(sqlite3.connect(f"file:{path}?immutable=1", uri=True).execute("select * from episodes").fetchall()))
+            else:
+                seen.append(open(path).read()[:20])
+        except (OSError, sqlite3.Error) as exc:
+            seen.append(type(exc).__name__)
+    return ",".join(seen)
+'''
+
+
+def test_no_hook_reads_a_planted_answer(tmp_path, planted):
+    bundle = candidate(tmp_path, "    def compose_instructions(self, view):\n"
+                                 f"        return probe({[str(p) for p in planted]!r})\n")
+    (bundle / "hooks.py").write_text((bundle / "hooks.py").read_text() + PROBE)
+
+    async def compose() -> str:
+        async with SandboxedHarness(load_bundle(bundle)) as harness:
+            return await harness.compose_instructions(view_for(load_bundle(bundle)))
+
+    assert asyncio.run(compose()) == ",".join(["FileNotFoundError", "OperationalError", "FileNotFoundError",
+                                               "FileNotFoundError", "FileNotFoundError"])
+
+
+def test_no_environment_tool_reads_a_planted_answer(tmp_path, planted):
+    env = tmp_path / "shop"
+    shutil.copytree(FIXTURES / "shop", env)
+    tools = env / "tools.py"
+    tools.write_text(tools.read_text() + PROBE + "\n\n@read_tool\ndef peek(db) -> str:\n    \"\"\"Look around.\"\"\"\n"
+                     f"    return probe({[str(p) for p in planted]!r})\n")
+
+    async def peek() -> str:
+        async with SandboxedTools(env) as served:
+            return (await served.call("peek", {})).output
+
+    assert asyncio.run(peek()).split(",") == ["FileNotFoundError", "OperationalError", "FileNotFoundError",
+                                              "FileNotFoundError", "FileNotFoundError"]
+
+
+def test_the_two_sides_of_a_pair_share_no_channel(tmp_path):
+    """The act episode leaves what it saw in every shared place it can think of;
+    the abstain episode, running beside it, finds none of it."""
+    places = ["/tmp/seen", "/dev/shm/seen", "/var/tmp/seen", str(Path.home() / ".seen")]
+    writer = candidate(tmp_path, (
+        "    def compose_instructions(self, view):\n"
+        "        wrote = []\n"
+        f"        for path in {places!r}:\n"
+        "            try:\n"
+        "                open(path, 'w').write('side: act')\n"
+        "                wrote.append(path)\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "        server.bind('\\0hera-side-channel')\n"
+        "        server.listen()\n"
+        "        self.server = server\n"
+        "        return ','.join(wrote)\n"), name="act")
+    reader = candidate(tmp_path, (
+        "    def compose_instructions(self, view):\n"
+        "        found = []\n"
+        f"        for path in {places!r}:\n"
+        "            try:\n"
+        "                found.append(open(path).read())\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "        try:\n"
+        "            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect('\\0hera-side-channel')\n"
+        "            found.append('socket')\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "        return ','.join(found)\n"), name="abstain")
+
+    async def both() -> tuple[str, str]:
+        async with SandboxedHarness(load_bundle(writer)) as act, SandboxedHarness(load_bundle(reader)) as abstain:
+            wrote = await act.compose_instructions(view_for(load_bundle(writer)))
+            return wrote, await abstain.compose_instructions(view_for(load_bundle(reader)))
+
+    for path in places:
+        Path(path).unlink(missing_ok=True)
+    wrote, found = asyncio.run(both())
+    assert "/tmp/seen" in wrote and "/dev/shm/seen" in wrote  # the writer had somewhere to write
+    assert found == ""
+    assert not any(Path(path).exists() for path in places)  # nor did the host see it
+
+
+def test_a_killed_evaluators_working_directories_are_swept(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    left = Path(tempfile.gettempdir()) / f"hera-harness-{dead}-leftover"
+    left.mkdir()
+    (left / "bundle").mkdir()
+    import harness.sandbox as sandbox
+
+    sandbox._sweep.cache_clear()
+    mine = scratch("harness")
+    try:
+        assert not left.exists() and mine.is_dir()
+    finally:
+        shutil.rmtree(mine)
+        shutil.rmtree(left, ignore_errors=True)
+
+
+def _descendants(pid: int) -> set[int]:
+    found = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        for child in (task / "children").read_text().split():
+            found |= {int(child), *_descendants(int(child))}
+    return found
+
+
+def test_sandboxed_children_die_with_a_killed_evaluator():
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    evaluator = subprocess.Popen([sys.executable, "-c", "from harness.sandbox import run_sandboxed\n"
+                                  "run_sandboxed(['-c', 'import time; time.sleep(120)'], timeout_s=300)"], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while len(children := _descendants(evaluator.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(children) >= 2  # the jail and the sleeping child
+    finally:
+        evaluator.send_signal(signal.SIGKILL)
+        evaluator.wait()
+    deadline = time.monotonic() + 30
+    while (alive := {p for p in children if Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive
