@@ -356,6 +356,8 @@ def _jail(spec: dict, argv: list[str]) -> None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+        # A change of credentials clears the parent-death signal that `unshare --kill-child` set.
+        check(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "setting the parent-death signal")
     os.chdir(workdir)
     check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "setting no_new_privs")
     for name, value in spec["limits"].items():
