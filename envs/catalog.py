@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envs.mutation import apply_mutation
-from envs.spec import SpecError, load_environment, load_pair, load_tools
+from envs.spec import SpecError, load_environment, load_pair, tool_infos
 from state.records import CATEGORIES, EnvironmentSpec, PairSpec
 
 CATALOG = Path(__file__).parent / "catalog"
@@ -78,8 +78,8 @@ def example_ids(env: EnvironmentSpec) -> list[tuple[str, str]]:
     such an example instead of looking the record up, and a check that lets public text through lets it pass."""
     keys = {str(r[t.primary_key]) for t in env.tables for r in env.rows.get(t.name, ()) if any(ch.isdigit() for ch in str(r[t.primary_key]))}
     found = []
-    for tool in load_tools(env).values():
-        texts = [tool.info.description, *(p.get("description", "") for p in tool.info.input_schema.get("properties", {}).values())]
+    for tool in tool_infos(env).values():
+        texts = [tool.description, *(p.get("description", "") for p in tool.input_schema.get("properties", {}).values())]
         quoted = {q for text in texts for q in re.findall(r'"([^"]+)"', text)}
         found += [(tool.name, key) for key in sorted(quoted & keys)]
     return found

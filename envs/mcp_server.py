@@ -33,7 +33,7 @@ from mcp.shared.memory import create_client_server_memory_streams
 
 from envs.catalog import CATALOG, load_entry, side_env
 from envs.runtime import EnvInstance
-from envs.spec import load_tools
+from envs.spec import tool_infos
 from state.records import EnvironmentSpec, Side
 
 SERVER_NAME = "environment"
@@ -61,12 +61,12 @@ def build_server(env: EnvironmentSpec) -> Server:
     """A server for one environment; each connection (`Server.run`) gets a fresh instance."""
     listed = [
         types.Tool(
-            name=t.info.name,
-            description=t.info.description,
-            inputSchema=t.info.input_schema,
+            name=t.name,
+            description=t.description,
+            inputSchema=t.input_schema,
             annotations=types.ToolAnnotations(readOnlyHint=t.read_only),
         )
-        for t in load_tools(env).values()
+        for t in tool_infos(env).values()
     ]
 
     @asynccontextmanager

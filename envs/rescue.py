@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import itertools
 import re
-import typing
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from envs.match import find_object
 from envs.runtime import EnvInstance
@@ -59,20 +58,20 @@ class _Values:
         else:
             self.add(key, value)
 
-    def for_param(self, name: str, tp: Any) -> list[Any]:
-        origin = typing.get_origin(tp)
-        if origin is Literal:
-            return list(typing.get_args(tp))
-        if tp is bool:
-            return [True, False]
-        if origin is list:
-            return [[v] for v in self.for_param(name, typing.get_args(tp)[0])]
-        if origin is not None:  # Optional[X]
-            inner = [a for a in typing.get_args(tp) if a is not type(None)]
+    def for_param(self, name: str, schema: dict) -> list[Any]:
+        """Values to try for a parameter of this JSON schema (a tool's public face)."""
+        if "enum" in schema or "const" in schema:
+            return list(schema.get("enum", [schema.get("const")]))
+        if "anyOf" in schema:  # Optional[X]
+            inner = [s for s in schema["anyOf"] if s.get("type") != "null"]
             return self.for_param(name, inner[0]) if inner else []
+        if schema.get("type") == "boolean":
+            return [True, False]
+        if schema.get("type") == "array":
+            return [[v] for v in self.for_param(name, schema.get("items", {}))]
         related = [k for k in self.by_key if k != name and _related(k, name)]
         pool = self.by_key.get(name, []) + self.untyped + [v for k in related for v in self.by_key[k]]
-        kind = {str: str, int: int, float: (int, float)}.get(tp, str)
+        kind = {"integer": int, "number": (int, float)}.get(schema.get("type"), str)
         out = []
         for v in pool:
             if isinstance(v, kind) and v not in out:
@@ -103,9 +102,9 @@ def seeds(task: TaskSpec) -> _Values:
 def _arguments(tool, values: _Values):
     """Every combination of known values for the required parameters, then
     each optional parameter varied alone on top of them."""
-    fields = tool.params.model_fields
-    required = [n for n, f in fields.items() if f.is_required()]
-    pools = {n: values.for_param(n, f.annotation) for n, f in fields.items()}
+    fields = tool.input_schema.get("properties", {})
+    required = [n for n in fields if n in tool.input_schema.get("required", ())]
+    pools = {n: values.for_param(n, schema) for n, schema in fields.items()}
     for combo in itertools.product(*(pools[n] for n in required)):
         base = dict(zip(required, combo))
         yield base
@@ -119,7 +118,7 @@ def rescue_search(env: EnvironmentSpec, task: TaskSpec, witness: tuple[Row, ...]
     instance = EnvInstance(env)
     values = seeds(task)
     tried: set[str] = set()
-    read_tools = [t for t in instance.tools.values() if t.read_only]
+    read_tools = [t for t in instance.public_tools if t.read_only]
     calls = 0
     try:
         while True:

@@ -13,14 +13,17 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from typing import Any
 
 import sqlite_utils
 from pydantic import ValidationError
 
 from envs.match import matches, objects
-from envs.spec import Tool, load_tools
+from envs.spec import Tool, load_tools, shipped, tool_infos
 from envs.toolkit import ToolError
+from envs import untrusted
+from envs.untrusted import ToolProcess
 from state.records import EnvironmentSpec, Observation, RowChange, StateDiff, ToolInfo, ToolPatch
 
 _SQL_TYPES = {"text": str, "integer": int, "real": float, "boolean": int}
@@ -112,17 +115,22 @@ class EnvInstance:
 
     def __init__(self, spec: EnvironmentSpec):
         self.spec = spec
+        self.calls: list[Observation] = []
+        self._remote: ToolProcess | None = None
+        if not shipped(spec.tools_source):
+            self._remote = ToolProcess(spec)
+            return
         self.tools: dict[str, Tool] = load_tools(spec)
         self.conn = build_database(spec)
         self.db = sqlite_utils.Database(self.conn)
-        self.calls: list[Observation] = []
 
     @property
     def public_tools(self) -> list[ToolInfo]:
-        return [t.info for t in self.tools.values()]
+        return list(tool_infos(self.spec).values())
 
     def call(self, name: str, args: dict[str, Any] | None = None) -> Observation:
-        obs = self._run(name, dict(args or {}))
+        args = dict(args or {})
+        obs = self._remote.call(name, args) if self._remote else self._run(name, args)
         self.calls.append(obs)
         return obs
 
@@ -152,6 +160,9 @@ class EnvInstance:
         return Observation(tool=name, args=args, ok=True, output=output, read_only=tool.read_only)
 
     def _execute(self, tool: Tool, params: dict[str, Any]) -> Any:
+        # The project's own tools run here; a query still running after the call timeout is interrupted.
+        deadline = time.monotonic() + untrusted.CALL_TIMEOUT_S
+        self.conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
         if tool.read_only:
             self.conn.execute("PRAGMA query_only = 1")
             try:
@@ -173,13 +184,13 @@ class EnvInstance:
             saved.close()
 
     def rows(self) -> dict[str, list[dict]]:
-        return snapshot(self.conn, self.spec)
+        return self._remote.rows() if self._remote else snapshot(self.conn, self.spec)
 
     def diff(self) -> StateDiff:
         return diff_rows(self.spec, initial_rows(self.spec), self.rows())
 
     def close(self) -> None:
-        self.conn.close()
+        (self._remote or self.conn).close()
 
 
 def _guarded(tool: Tool, params: dict[str, Any], db: sqlite_utils.Database) -> Any:

@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+import jsonschema
 import yaml
 from pydantic import Field, ValidationError, create_model
 
@@ -113,7 +114,7 @@ def _load_environment(directory: Path, signature: tuple) -> EnvironmentSpec:
         tools_source=tools_path.read_text(),
         policy=policy_path.read_text().strip() if policy_path.is_file() else "",
     )
-    load_tools(spec, origin=tools_path)
+    tool_infos(spec, origin=tools_path)
     return spec
 
 
@@ -236,12 +237,49 @@ def _summary(doc: str) -> str:
     return re.split(r"^\s*Args:\s*$", doc, flags=re.M)[0].strip()
 
 
+ROOT = Path(__file__).resolve().parent.parent
+_inside_sandbox = False
+
+
+def shipped(source: str) -> bool:
+    """Whether tools code is the project's own (an environment of its catalog or
+    test fixtures), run in process. Any other code (a custom catalog's, a
+    generated one's) runs only in the sandbox (`envs.untrusted`)."""
+    return _inside_sandbox or content_hash(source) in _shipped()
+
+
+@lru_cache(maxsize=1)
+def _shipped() -> frozenset[str]:
+    return frozenset(content_hash(p.read_text()) for top in (ROOT / "envs" / "catalog", ROOT / "tests" / "fixtures")
+                     for p in top.rglob("tools.py"))
+
+
+def run_untrusted_here() -> None:
+    """Called by a sandboxed child only: the tools code it is given runs in it."""
+    global _inside_sandbox
+    _inside_sandbox = True
+
+
 def write_tools(spec: EnvironmentSpec) -> set[str]:
     """Names of the environment's state-changing tools."""
-    return {name for name, t in load_tools(spec).items() if not t.read_only}
+    return {name for name, info in tool_infos(spec).items() if not info.read_only}
+
+
+def tool_infos(spec: EnvironmentSpec, origin: Path | str | None = None) -> dict[str, ToolInfo]:
+    """The public faces of the environment's tools; code that is not the
+    project's own is read by running it in the sandbox, never here."""
+    origin = str(origin or f"<tools of {spec.id}>")
+    if shipped(spec.tools_source):
+        return {name: t.info for name, t in _compile_tools(spec.tools_source, origin).items()}
+    from envs.untrusted import describe  # the sandbox's side imports this module
+
+    return describe(spec.tools_source, origin)
 
 
 def load_tools(spec: EnvironmentSpec, origin: Path | str | None = None) -> dict[str, Tool]:
+    """The environment's tool functions, compiled in this process: the project's own code only."""
+    if not shipped(spec.tools_source):
+        raise PermissionError(f"{origin or spec.id}: tools code that is not the project's own runs only in the sandbox")
     return _compile_tools(spec.tools_source, str(origin or f"<tools of {spec.id}>"))
 
 
@@ -318,13 +356,26 @@ def _load_pair(path: Path, env: EnvironmentSpec) -> PairSpec:
     return pair
 
 
+def _args_problem(env: EnvironmentSpec, tool: ToolInfo, args: dict) -> tuple[str, str] | None:
+    """(where, what) of the first argument a tool would refuse, or None."""
+    if shipped(env.tools_source):
+        try:
+            load_tools(env)[tool.name].params.model_validate(args)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            return ".".join(map(str, err["loc"])), err["msg"]
+        return None
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(tool.input_schema).iter_errors(args))
+    return (".".join(map(str, error.absolute_path)) or "(arguments)", error.message) if error else None
+
+
 def check_pair(path: Path, pair: PairSpec, env: EnvironmentSpec) -> None:
     """A pair names only tools, tables and columns of its environment; raises SpecError naming the field."""
     if pair.id != path.stem:
         raise SpecError(path, "id", f"{path.stem!r}, the file's name (got {pair.id!r})")
     if pair.environment != env.id:
         raise SpecError(path, "environment", f"{env.id!r}, the environment of this folder (got {pair.environment!r})")
-    tools = load_tools(env)
+    tools = tool_infos(env)
     tables = {t.name: t for t in env.tables}
 
     def tool(field: str, name: str) -> None:
@@ -334,11 +385,8 @@ def check_pair(path: Path, pair: PairSpec, env: EnvironmentSpec) -> None:
     task, mut = pair.task, pair.mutation
     for i, call in enumerate(task.reference.calls):
         tool(f"task.reference.calls.{i}.tool", call.tool)
-        try:
-            tools[call.tool].params.model_validate(call.args)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            raise SpecError(path, f"task.reference.calls.{i}.args.{'.'.join(map(str, err['loc']))}", err["msg"]) from None
+        if problem := _args_problem(env, tools[call.tool], call.args):
+            raise SpecError(path, f"task.reference.calls.{i}.args.{problem[0]}", problem[1])
     for field, patterns in (("task.forbidden", task.forbidden), ("task.commit", task.commit or ())):
         for i, pattern in enumerate(patterns):
             tool(f"{field}.{i}.tool", pattern.tool)

@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from envs.construct import check_task as run_task_check, stage_public, tool_problems
 from envs.runtime import EnvInstance
-from envs.spec import SpecError, load_environment
+from envs.spec import SpecError, load_environment, run_untrusted_here
 from harness.remote import _Channel
 from harness.sandbox import Child, ChildError, run_sandboxed, scratch, workspace
 from state.construction import TaskCheck
@@ -137,6 +137,7 @@ def _serve(channel: _Channel, directory: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    run_untrusted_here()
     channel = _Channel()
     command, directory = argv[0], argv[1]
     if command == "serve":

@@ -15,7 +15,7 @@ from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 from envs.construct import (check_task, public_context, run_call, stage_public, task_perturbations, task_problems, task_spec,
                             write_database, write_tools_module)
 from envs.runtime import EnvInstance
-from envs.spec import load_database, load_environment, load_tools
+from envs.spec import load_database, load_environment, tool_infos
 from graphs import cli
 from graphs.construct import builder
 from harness.tool_sandbox import check_tools
@@ -178,7 +178,7 @@ def test_environment_built_from_a_theme_loads_and_keeps_only_validated_tasks(con
 
     env = load_environment(out)
     assert (env.id, env.theme, [t.name for t in env.tables]) == ("city-library", THEME, ["branches", "books", "loans"])
-    assert sorted(load_tools(env)) == ["get_book", "lend_book", "list_books"]
+    assert sorted(tool_infos(env)) == ["get_book", "lend_book", "list_books"]
     assert [r["title"] for r in env.rows["books"]] == ["The Tide Atlas", "Mountain Birds", "River Songs"]
     assert sorted(p.name for p in (out / "tasks").iterdir()) == ["lend-tide-atlas.yaml"]
     task = yaml.safe_load((out / "tasks" / "lend-tide-atlas.yaml").read_text())
@@ -353,9 +353,10 @@ def test_tool_validation_in_the_sandbox_finds_each_defect(tmp_path):
                                        "wait_for_book", "find_title"]
 
 
-def test_a_refused_write_is_rolled_back_by_the_runtime(tmp_path):
+def test_a_refused_write_is_rolled_back_by_the_runtime(tmp_path, monkeypatch):
+    monkeypatch.setattr("envs.spec._inside_sandbox", True)  # run_call runs in the sandboxed child; here, the test's own code
     out = written(tmp_path / "library", {"code": BROKEN, "tools": BROKEN_DECLARED})
-    env = load_environment(out)  # the test's own code, trusted here
+    env = load_environment(out)
     refused = run_call(env, "lend_book", {"book_id": "BK-2", "member": "Ada Park"})
     assert (refused.observation.ok, refused.observation.error_code, refused.escaped, refused.changes) == (False, "no_copies", "", ())
     lent = run_call(env, "lend_book", {"book_id": "BK-1", "member": "Ada Park"})

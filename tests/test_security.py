@@ -189,3 +189,70 @@ def test_sandboxed_children_die_with_a_killed_evaluator():
     while (alive := {p for p in children if Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]}) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive
+
+
+def custom_catalog(tmp_path: Path, extra: str) -> Path:
+    """The shop fixture as a catalog from elsewhere, its tools module changed: code the project never shipped."""
+    env = tmp_path / "elsewhere" / "shop"
+    shutil.copytree(FIXTURES / "shop", env)
+    (env / "tools.py").write_text((env / "tools.py").read_text() + extra)
+    return env.parent
+
+
+def test_a_custom_catalogs_tools_never_run_in_the_evaluator(tmp_path, monkeypatch, capsys):
+    import json
+    import socket
+
+    from graphs.cli import main
+    from roles import scripted
+    from tests.scripts import shop_agent, shop_judge
+
+    victim, marker = tmp_path / "victim.txt", tmp_path / "marker.txt"
+    victim.write_text("keep me")
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    catalog = custom_catalog(tmp_path, (
+        "\nimport os, socket\n"
+        f"try:\n    os.remove({str(victim)!r})\nexcept OSError:\n    pass\n"
+        f"try:\n    open({str(marker)!r}, 'w').write('ran')\nexcept OSError:\n    pass\n"
+        f"try:\n    socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=2)\nexcept OSError:\n    pass\n"))
+    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+    base = ["--catalog", str(catalog), "--ledger", str(tmp_path / "ledger.db")]
+    assert main([*base, "envs", "list", "--json"]) == 0
+    assert {row["pair"] for row in json.loads(capsys.readouterr().out)} == {"shop-out-of-scope", "shop-reserve-drill", "shop-rescued"}
+    assert main([*base, "envs", "certify", "shop-reserve-drill"]) == 0  # every replay and rescue search in the sandbox
+    scripted.clear()
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    assert main([*base, "eval", "--pairs", "shop-reserve-drill", "--model", "scripted:agent", "--judge-model", "scripted:judge", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["metrics"]["counts"]["pair"] == 1  # the same episode the in-process fixture gives
+    assert victim.read_text() == "keep me" and not marker.exists()
+    with pytest.raises(BlockingIOError):
+        server.accept()  # no connection ever reached the host
+    server.close()
+
+
+def test_an_endless_loop_at_import_is_reported_not_hung(tmp_path, monkeypatch, capsys):
+    from graphs.cli import main
+
+    monkeypatch.setattr("envs.untrusted.STARTUP_S", 5.0)
+    catalog = custom_catalog(tmp_path, "\nwhile True:\n    pass\n")
+    assert main(["--catalog", str(catalog), "envs", "list"]) == 2
+    assert f"{catalog / 'shop' / 'tools.py'}: (module): a module that loads within 5s in the sandbox" in capsys.readouterr().err
+
+
+def test_a_tool_that_never_returns_is_an_environment_fault(tmp_path, monkeypatch):
+    from envs.runtime import EnvInstance
+    from envs.spec import load_environment
+
+    monkeypatch.setattr("envs.untrusted.CALL_TIMEOUT_S", 2.0)
+    catalog = custom_catalog(tmp_path, '\n\n@read_tool\ndef hang(db) -> int:\n    """Never returns."""\n    while True:\n        pass\n')
+    instance = EnvInstance(load_environment(catalog / "shop"))
+    try:
+        assert instance.call("list_items").ok
+        hung = instance.call("hang")
+        assert (hung.ok, hung.error_code, hung.message) == (False, "internal_error", "hang: did not answer within 2s (a tool that never returns?)")
+        after = instance.call("list_items")
+        assert after.error_code == "internal_error" and "the environment's sandboxed tools process is gone" in after.message
+    finally:
+        instance.close()
