@@ -27,8 +27,7 @@ from envs.certify import certify
 from envs.mcp_server import serve_stdio, side_environment
 from envs.mutation import apply_mutation
 from envs.rescue import MAX_CALLS
-from envs.runtime import EnvInstance
-from envs.spec import SpecError
+from envs.spec import SpecError, tool_infos
 from graphs import api
 from graphs.api import split_pairs
 from graphs.coevolution import CONFIGS, PRESETS
@@ -113,7 +112,7 @@ def envs_show(args: argparse.Namespace) -> int:
     tools.add_column("tool")
     tools.add_column("kind")
     tools.add_column("description")
-    for t in EnvInstance(env).public_tools:
+    for t in tool_infos(env).values():
         tools.add_row(t.name, "read" if t.read_only else "[yellow]write[/]", t.description.splitlines()[0])
     console.print(tools)
     sides = Table(title="sides")
