@@ -137,7 +137,8 @@ def run_sandboxed(args: list[str], *, timeout_s: float = 30, memory_mb: int = 10
     raises `subprocess.TimeoutExpired` after `timeout_s`, with every process it started killed."""
     with workspace("sandbox") as tmp:
         workdir = cwd or tmp
-        argv, env = sandbox_command(args, workdir=workdir, cpu_s=max(1, int(timeout_s)), memory_mb=memory_mb,
+        # The CPU limit sits above the wall-clock timeout, so a busy loop is reported as a timeout, not a kill.
+        argv, env = sandbox_command(args, workdir=workdir, cpu_s=int(timeout_s) + 10, memory_mb=memory_mb,
                                     max_processes=max_processes, hidden=hidden)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env=env, cwd=workdir, start_new_session=True, preexec_fn=_die_with_parent)
