@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import json
 import itertools
@@ -75,6 +76,7 @@ async def evaluate(
     sides: list[str] | None = None,
 ) -> tuple[str, Metrics]:
     """Runs (or resumes, given the id of an interrupted run) an evaluation; the run id and its metrics."""
+    _check_request(pair_ids, trials, concurrency, context)
     run_id = run_id or new_run_id()
     await asyncio.to_thread(runs_dir().mkdir, parents=True, exist_ok=True)
     # every episode does blocking work (ledger, grading) in threads: size the pool to the concurrency
@@ -95,6 +97,19 @@ async def evaluate(
                         on_episode(record)
         final = await graph.aget_state(config)
     return run_id, final.values["metrics"]
+
+
+def _check_request(pair_ids: list[str], trials: int, concurrency: int, context: Context) -> None:
+    """Refuses, before anything is recorded, an evaluation that could never complete or run."""
+    twice = sorted(p for p, n in collections.Counter(pair_ids).items() if n > 1)
+    problems = ["no pairs"] if not pair_ids else []
+    problems += [f"pairs given more than once: {', '.join(twice)}"] if twice else []
+    problems += [f"trials={trials} (at least 1)"] if trials < 1 else []
+    problems += [f"concurrency={concurrency} (at least 1)"] if concurrency < 1 else []
+    problems += [f"max_infra_retries={context.max_infra_retries} (at least 0)"] if context.max_infra_retries < 0 else []
+    problems += [f"max_turns={context.max_turns} (at least 1, or None)"] if context.max_turns is not None and context.max_turns < 1 else []
+    if problems:
+        raise ValueError("cannot evaluate: " + "; ".join(problems))
 
 
 def recorded_run(run_id: str, context: Context) -> dict | None:

@@ -50,6 +50,7 @@ from graphs.report import (
 )
 from harness.bundle import bundle_diff, load_bundle
 from state.context import Context
+from roles.models import chat_model
 from roles.failure_analyst import failure_analyst, failure_records
 from state.evolution import Diagnosis, LineageEntry
 from state.ledger import Ledger, runs_dir
@@ -60,6 +61,90 @@ console = Console(stderr=True)
 
 class UsageError(Exception):
     pass
+
+
+def counted(minimum: int):
+    """An argparse type: an integer of at least `minimum` (a count, a budget, a limit)."""
+    what = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer of at least {minimum}")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {what} (got {text})")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+positive_int, non_negative_int = counted(1), counted(0)
+
+
+def fraction(low_open: bool):
+    """An argparse type: a number from 0 (excluded when `low_open`) to 1."""
+    what = "a number above 0 and at most 1" if low_open else "a number from 0 to 1"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or not (0 < value <= 1 if low_open else 0 <= value <= 1):
+            raise argparse.ArgumentTypeError(f"must be {what} (got {text})")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+share, level = fraction(False), fraction(True)
+
+
+def port_number(text: str) -> int:
+    value = counted(1)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535 (got {text})")
+    return value
+
+
+def pair_id(text: str) -> str:
+    """An argparse type: one pair id, never a pattern (the catalog lookup would expand it to some pair)."""
+    if not text or any(c in text for c in "*?[]/\\"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a pair id: name each pair (see `hera envs list`); patterns are not expanded")
+    return text
+
+
+class Distinct(argparse.Action):
+    """Stores a list of ids, refusing one given twice (a run of duplicates never completes)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        twice = sorted(v for v, n in Counter(values).items() if n > 1)
+        if twice:
+            raise argparse.ArgumentError(self, f"given more than once: {', '.join(twice)}")
+        setattr(namespace, self.dest, values)
+
+
+def model_spec(text: str) -> str:
+    """An argparse type: a spec the model seam can build here (known kind, credentials set)."""
+    try:
+        chat_model(text, role="agent")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def model_specs(text: str) -> list[str]:
+    """An argparse type: model specs separated by commas, each buildable, none twice."""
+    specs = [m.strip() for m in text.split(",") if m.strip()]
+    if not specs:
+        raise argparse.ArgumentTypeError("expected model specs separated by commas, e.g. local,openai:gpt-4o-mini")
+    twice = sorted(m for m, n in Counter(specs).items() if n > 1)
+    if twice:
+        raise argparse.ArgumentTypeError(f"given more than once: {', '.join(twice)}")
+    return [model_spec(m) for m in specs]
 
 
 def _entries(args: argparse.Namespace, errors: list[SpecError] | None = None) -> dict[str, Entry]:
@@ -251,13 +336,13 @@ def add_envs_build(envs: argparse._SubParsersAction) -> None:
     build = envs.add_parser("build", help="build an environment and validated tasks from a theme; exit 1 if none is kept")
     build.add_argument("--theme", required=True, help="what the environment is about, in a few words")
     build.add_argument("--out", required=True, help="a new or empty directory for the environment")
-    build.add_argument("--model", default="local", help="local | openai:<model> | scripted:<name>")
-    build.add_argument("--builder-model", help="environment builder and tool coder (default: --model)")
-    build.add_argument("--task-model", help="task proposer (default: --model)")
-    build.add_argument("--solver-model", help="the independent solver (default: --model)")
-    build.add_argument("--tasks", type=int, default=3, help="tasks to propose")
-    build.add_argument("--max-attempts", type=int, default=3, help="drafts of the database, and of the tools, at most")
-    build.add_argument("--max-turns", type=int, default=12, help="solver turns per task")
+    build.add_argument("--model", default="local", type=model_spec, help="local | openai:<model> | scripted:<name>")
+    build.add_argument("--builder-model", type=model_spec, help="environment builder and tool coder (default: --model)")
+    build.add_argument("--task-model", type=model_spec, help="task proposer (default: --model)")
+    build.add_argument("--solver-model", type=model_spec, help="the independent solver (default: --model)")
+    build.add_argument("--tasks", type=positive_int, default=3, help="tasks to propose")
+    build.add_argument("--max-attempts", type=positive_int, default=3, help="drafts of the database, and of the tools, at most")
+    build.add_argument("--max-turns", type=positive_int, default=12, help="solver turns per task")
     build.add_argument("--run-id", help="resume this build")
     build.add_argument("--json", action="store_true")
     build.set_defaults(run=envs_build)
@@ -621,9 +706,7 @@ def report_run(args: argparse.Namespace) -> int:
 
 
 def transfer(args: argparse.Namespace) -> int:
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if not models:
-        raise UsageError("--models: expected model specs separated by commas, e.g. local,openai:gpt-4o-mini")
+    models = args.models
     bundle = bundle_ref(args.ledger, args.harness)
     harness = load_bundle(bundle)
     pair_ids = args.pairs or split_pairs(args.split, args.catalog)
@@ -676,15 +759,15 @@ def _add_report_parsers(top) -> None:
     rp.set_defaults(run=report_run)
     tr = top.add_parser("transfer", help="one frozen harness across models: the Abstain/Act/Pair/Over-abstain matrix")
     tr.add_argument("--harness", required=True, help="bundle directory, built-in name or lineage id")
-    tr.add_argument("--models", required=True, help="model specs separated by commas")
-    tr.add_argument("--judge-model", help="the abstention judge, fixed across models (default: the first of --models)")
+    tr.add_argument("--models", required=True, type=model_specs, help="model specs separated by commas")
+    tr.add_argument("--judge-model", type=model_spec, help="the abstention judge, fixed across models (default: the first of --models)")
     tr.add_argument("--split", default="bench", choices=["train", "validation", "bench"])
-    tr.add_argument("--pairs", nargs="*", help="pair ids (default: the whole split)")
-    tr.add_argument("--limit", type=int, help="only the first N pairs")
-    tr.add_argument("--trials", type=int, default=1)
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--concurrency", type=int, default=1)
-    tr.add_argument("--retries", type=int, default=2, help="re-runs of an episode after an infrastructure error")
+    tr.add_argument("--pairs", nargs="+", type=pair_id, action=Distinct, help="pair ids (default: the whole split)")
+    tr.add_argument("--limit", type=positive_int, help="only the first N pairs")
+    tr.add_argument("--trials", type=positive_int, default=1)
+    tr.add_argument("--seed", type=non_negative_int, default=0)
+    tr.add_argument("--concurrency", type=positive_int, default=1)
+    tr.add_argument("--retries", type=non_negative_int, default=2, help="re-runs of an episode after an infrastructure error")
     tr.add_argument("--out", help="directory (default: runs/reports/transfer-<id>)")
     tr.add_argument("--json", action="store_true")
     tr.set_defaults(run=transfer)
@@ -797,16 +880,16 @@ def compare(args: argparse.Namespace) -> int:
 def _add_coevolution_parsers(top) -> None:
     def protocol(sub) -> None:
         sub.add_argument("--preset", default="quick", choices=list(PRESETS), help="pool sizes and budgets (default: quick)")
-        sub.add_argument("--model", default="local", help="every role's model")
-        sub.add_argument("--judge-model")
+        sub.add_argument("--model", default="local", type=model_spec, help="every role's model")
+        sub.add_argument("--judge-model", type=model_spec)
         overrides = {"train": "training pairs at the start", "validation": "validation pairs", "bench": "bench pairs scored at the end",
                      "rounds": "co-evolution rounds", "proposers": "mutation proposals per design round",
                      "batch_size": "pairs per screened batch", "candidates": "harness candidates per block",
                      "budget": "design rounds per admitted batch", "max_turns": "a cap on every episode's turns"}
         for key, what in overrides.items():
-            sub.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{what} (default: the preset's)")
-        sub.add_argument("--tau", type=float, help="batch admission threshold (default 0.4)")
-        sub.add_argument("--gate-level", type=float, help=f"the selection gate's sign-test level (default {GATE_LEVEL:g})")
+            sub.add_argument(f"--{key.replace('_', '-')}", type=non_negative_int if key == "bench" else positive_int, help=f"{what} (default: the preset's)")
+        sub.add_argument("--tau", type=share, help="batch admission threshold (default 0.4)")
+        sub.add_argument("--gate-level", type=level, help=f"the selection gate's sign-test level (default {GATE_LEVEL:g})")
         sub.add_argument("--run-id", help="resume this run")
         sub.add_argument("--json", action="store_true")
 
@@ -916,7 +999,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def add_serve(top: argparse._SubParsersAction) -> None:
     sv = top.add_parser("serve", help="serve the graphs to LangGraph Studio and over the LangGraph API (langgraph dev, 127.0.0.1)")
-    sv.add_argument("--port", type=int, default=2024, help="port to ask for (default 2024; a free one is taken if it is busy)")
+    sv.add_argument("--port", type=port_number, default=2024, help="port to ask for (default 2024; a free one is taken if it is busy)")
     sv.add_argument("--no-browser", action="store_true", help="do not open Studio in the browser")
     sv.set_defaults(run=serve)
 
@@ -937,11 +1020,11 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true")
     show.set_defaults(run=envs_show)
     cert = envs.add_parser("certify", help="certify pairs; exit 1 if any check fails")
-    cert.add_argument("pairs", nargs="*")
+    cert.add_argument("pairs", nargs="*", type=pair_id, action=Distinct)
     cert.add_argument("--all", action="store_true")
     cert.add_argument("--json", action="store_true")
     cert.add_argument("-v", "--verbose", action="store_true", help="show every check of every pair")
-    cert.add_argument("--rescue-budget", type=int, default=MAX_CALLS, help=f"read calls per rescue search (default {MAX_CALLS})")
+    cert.add_argument("--rescue-budget", type=positive_int, default=MAX_CALLS, help=f"read calls per rescue search (default {MAX_CALLS})")
     cert.set_defaults(run=envs_certify)
     serve = envs.add_parser("serve", help="serve one side of a pair as an MCP server on stdio")
     serve.add_argument("pair")
@@ -951,15 +1034,15 @@ def parser() -> argparse.ArgumentParser:
     ev = top.add_parser("eval", help="run a harness on both sides of pairs and score it")
     ev.add_argument("--harness", help="bundle name or directory (default H0)")
     ev.add_argument("--split", default="bench", choices=["train", "validation", "bench"])
-    ev.add_argument("--pairs", nargs="*", help="pair ids (default: the whole split)")
-    ev.add_argument("--limit", type=int, help="only the first N pairs")
-    ev.add_argument("--model", default="local", help="local | openai:<model> | scripted:<name>")
-    ev.add_argument("--judge-model", help="model of the abstention judge (default: --model)")
-    ev.add_argument("--trials", type=int, help="trials per pair and side (default 1)")
-    ev.add_argument("--seed", type=int)
-    ev.add_argument("--concurrency", type=int, default=1)
-    ev.add_argument("--retries", type=int, default=2, help="re-runs of an episode after an infrastructure error")
-    ev.add_argument("--max-turns", type=int, help="a cap on every episode's turns (default: the harness's own limit)")
+    ev.add_argument("--pairs", nargs="+", type=pair_id, action=Distinct, help="pair ids (default: the whole split)")
+    ev.add_argument("--limit", type=positive_int, help="only the first N pairs")
+    ev.add_argument("--model", default="local", type=model_spec, help="local | openai:<model> | scripted:<name>")
+    ev.add_argument("--judge-model", type=model_spec, help="model of the abstention judge (default: --model)")
+    ev.add_argument("--trials", type=positive_int, help="trials per pair and side (default 1)")
+    ev.add_argument("--seed", type=non_negative_int)
+    ev.add_argument("--concurrency", type=positive_int, default=1)
+    ev.add_argument("--retries", type=non_negative_int, default=2, help="re-runs of an episode after an infrastructure error")
+    ev.add_argument("--max-turns", type=positive_int, help="a cap on every episode's turns (default: the harness's own limit)")
     ev.add_argument("--run-id", help="resume this run (its recorded harness, pairs, trials and seed)")
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(run=run_eval)
@@ -985,41 +1068,41 @@ def parser() -> argparse.ArgumentParser:
     evo.add_argument("--base", default="H0", help="starting bundle (default H0)")
     evo.add_argument("--pool", default="train", choices=["train", "validation", "bench"], help="split of the training pool")
     evo.add_argument("--val", default="validation", choices=["train", "validation", "bench"], help="split of the validation set")
-    evo.add_argument("--pool-size", type=int, default=None, help="only the first N pool pairs")
-    evo.add_argument("--val-size", type=int, default=None, help="only the first N validation pairs")
-    evo.add_argument("--pool-pairs", nargs="*", help="explicit pool pair ids")
-    evo.add_argument("--val-pairs", nargs="*", help="explicit validation pair ids")
-    evo.add_argument("--candidates", type=int, default=4)
+    evo.add_argument("--pool-size", type=positive_int, default=None, help="only the first N pool pairs")
+    evo.add_argument("--val-size", type=positive_int, default=None, help="only the first N validation pairs")
+    evo.add_argument("--pool-pairs", nargs="+", type=pair_id, action=Distinct, help="explicit pool pair ids")
+    evo.add_argument("--val-pairs", nargs="+", type=pair_id, action=Distinct, help="explicit validation pair ids")
+    evo.add_argument("--candidates", type=positive_int, default=4)
     evo.add_argument("--mode", default="fdcr", choices=["fdcr", "aggregate", "serial"])
     evo.add_argument("--channel", default="structured", choices=["structured", "code"],
                      help="structured edits (small models) or free code edits with file tools (stronger endpoints)")
-    evo.add_argument("--rounds", type=int, default=2, help="FDCR review rounds")
+    evo.add_argument("--rounds", type=non_negative_int, default=2, help="FDCR review rounds")
     evo.add_argument("--rule", default="hera", choices=["hera", "ecdysis"], help="selection rule")
-    evo.add_argument("--gate-level", type=float, default=GATE_LEVEL,
+    evo.add_argument("--gate-level", type=level, default=GATE_LEVEL,
                      help=f"the selection gate's sign-test level (default {GATE_LEVEL:g}; it needs at least {min_pairs()} pairs)")
-    evo.add_argument("--model", default="local")
-    evo.add_argument("--judge-model")
-    evo.add_argument("--analyst-model", help="failure analyst and review roles (default: --model)")
-    evo.add_argument("--optimizer-model", help="the coding agent (default: --model)")
-    evo.add_argument("--max-turns", type=int, help="a cap on every episode's turns (default: the harness's own limit)")
+    evo.add_argument("--model", default="local", type=model_spec)
+    evo.add_argument("--judge-model", type=model_spec)
+    evo.add_argument("--analyst-model", type=model_spec, help="failure analyst and review roles (default: --model)")
+    evo.add_argument("--optimizer-model", type=model_spec, help="the coding agent (default: --model)")
+    evo.add_argument("--max-turns", type=positive_int, help="a cap on every episode's turns (default: the harness's own limit)")
     evo.add_argument("--run-id", help="resume this run")
     evo.add_argument("--json", action="store_true")
     evo.set_defaults(run=evolve_harness)
     ee = top.add_parser("evolve-envs", help="grow the training pool: mutation proposals → review → certification → batch screening")
     ee.add_argument("--diagnosis", required=True, help="a Diagnosis JSON file, or an evaluation run on training pairs")
-    ee.add_argument("--model", default="local")
-    ee.add_argument("--judge-model")
-    ee.add_argument("--proposer-model", help="environment designer and mutation proposers (default: --model)")
-    ee.add_argument("--reviewer-model", help="semantic and rescue reviewers (default: --model)")
+    ee.add_argument("--model", default="local", type=model_spec)
+    ee.add_argument("--judge-model", type=model_spec)
+    ee.add_argument("--proposer-model", type=model_spec, help="environment designer and mutation proposers (default: --model)")
+    ee.add_argument("--reviewer-model", type=model_spec, help="semantic and rescue reviewers (default: --model)")
     ee.add_argument("--harness", default="H0", help="the current harness, which screens each batch")
-    ee.add_argument("--parents", nargs="*", help="training pairs to mutate (default: the first --pool-size of the train split)")
-    ee.add_argument("--pool-size", type=int, default=20)
-    ee.add_argument("--proposers", type=int, default=5, help="proposals per design round")
-    ee.add_argument("--max-refinements", type=int, default=2)
-    ee.add_argument("--batch-size", type=int, default=5)
-    ee.add_argument("--tau", type=float, default=0.4, help="admit a batch when the harness fails to abstain on this share of it")
-    ee.add_argument("--batches", type=int, default=1, help="batches to admit")
-    ee.add_argument("--budget", type=int, default=3, help="design rounds at most")
+    ee.add_argument("--parents", nargs="+", type=pair_id, action=Distinct, help="training pairs to mutate (default: the first --pool-size of the train split)")
+    ee.add_argument("--pool-size", type=positive_int, default=20)
+    ee.add_argument("--proposers", type=positive_int, default=5, help="proposals per design round")
+    ee.add_argument("--max-refinements", type=non_negative_int, default=2)
+    ee.add_argument("--batch-size", type=positive_int, default=5)
+    ee.add_argument("--tau", type=share, default=0.4, help="admit a batch when the harness fails to abstain on this share of it")
+    ee.add_argument("--batches", type=positive_int, default=1, help="batches to admit")
+    ee.add_argument("--budget", type=positive_int, default=3, help="design rounds at most")
     ee.add_argument("--run-id", help="resume this run")
     ee.add_argument("--json", action="store_true")
     ee.set_defaults(run=evolve_envs)
