@@ -59,6 +59,12 @@ from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 console = Console(stderr=True)
 
 
+def say(markup: str) -> None:
+    """One message line, never wrapped: rich wraps at 80 columns when stderr is no terminal, and an error,
+    a note or a path must stay one piece to be read, copied and matched."""
+    console.print(markup, soft_wrap=True)
+
+
 class UsageError(Exception):
     pass
 
@@ -268,11 +274,11 @@ def envs_certify(args: argparse.Namespace) -> int:
         if args.all:
             console.print(_summary(chosen, certs))
         for problem in problems:
-            console.print(f"[red]problem:[/] {problem}")
+            say(f"[red]problem:[/] {escape(problem)}")
         verdict = f"[red]{len(failed)} failed[/]" if failed else "[green]none failed[/]"
         if problems:
             verdict += f"; [red]{len(problems)} catalog problem(s)[/]"
-        console.print(f"{len(certs) - len(failed)}/{len(certs)} pairs certified; {verdict}")
+        say(f"{len(certs) - len(failed)}/{len(certs)} pairs certified; {verdict}")
     return 1 if failed or problems else 0
 
 
@@ -316,7 +322,7 @@ def envs_build(args: argparse.Namespace) -> int:
         def on_event(node: str, value: dict) -> None:
             for d in value.get("decisions", []):
                 mark = "[green]accepted[/]" if d.accepted else "[yellow]rejected[/]"
-                console.print(f"{mark} {d.step} {escape(d.subject)} (attempt {d.attempt}): {escape('; '.join(d.reasons))[:400]}")
+                say(f"{mark} {d.step} {escape(d.subject)} (attempt {d.attempt}): {escape('; '.join(d.reasons))[:400]}")
             progress.update(bar, description=f"{node} done")
 
         run_id, final = asyncio.run(api.build_environment(
@@ -327,7 +333,7 @@ def envs_build(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        console.print(f"{result['status']}: {result['environment']} in {out}, {len(result['kept'])} validated task(s); "
+        say(f"{result['status']}: {result['environment']} in {out}, {len(result['kept'])} validated task(s); "
                       f"every decision in {result['log']}")
     return 0 if result["status"] == "built" and result["kept"] else 1
 
@@ -551,7 +557,7 @@ def evolve_harness(args: argparse.Namespace) -> int:
     warning = gate_warning(len(validation) if args.rule == "hera" else len(pool), args.gate_level,
                            "validation" if args.rule == "hera" else "training")
     if warning:
-        console.print(f"[yellow]note:[/] {warning}")
+        say(f"[yellow]note:[/] {warning}")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task("evaluating the starting harness", total=per_eval * (args.candidates + 1))
 
@@ -563,7 +569,7 @@ def evolve_harness(args: argparse.Namespace) -> int:
                 for entry in value.get("lineage", {}).values():
                     if entry.problems:
                         progress.update(bar, advance=per_eval)
-                        console.print(f"[yellow]{entry.bundle_id} rejected:[/] {escape('; '.join(entry.problems))}")
+                        say(f"[yellow]{entry.bundle_id} rejected:[/] {escape('; '.join(entry.problems))}")
             elif node in ("failure_analyst", "fdcr", "harness_optimizer"):
                 progress.update(bar, description=f"{node} done")
 
@@ -578,7 +584,7 @@ def evolve_harness(args: argparse.Namespace) -> int:
         print(json.dumps({"run_id": run_id, "selected": final.get("selected"), "lineage": [e.model_dump() for e in lineage]}, indent=1, default=str))
     else:
         console.print(lineage_tree(run_id, lineage))
-        console.print(f"selected: {final.get('selected')}")
+        say(f"selected: {final.get('selected')}")
     return 0 if final.get("selected") else 1
 
 
@@ -617,9 +623,9 @@ def evolve_envs(args: argparse.Namespace) -> int:
         def on_event(node: str, value: dict) -> None:
             for outcome in value.get("outcomes", {}).values():
                 style = "green" if outcome.status == "certified" else "yellow"
-                console.print(f"[{style}]{outcome.status}[/] {outcome.pair_id} after {outcome.rounds} round(s): {escape(outcome.reason[:200])}")
+                say(f"[{style}]{outcome.status}[/] {outcome.pair_id} after {outcome.rounds} round(s): {escape(outcome.reason[:200])}")
             for s in value.get("screenings", []):
-                console.print(f"batch {'admitted' if s['admitted'] else 'not admitted'}: failed to abstain on "
+                say(f"batch {'admitted' if s['admitted'] else 'not admitted'}: failed to abstain on "
                               f"{len(s['failed_to_abstain'])}/{len(s['batch'])} (needed {s['needed']})")
             progress.update(task, description=f"{node} done")
 
@@ -670,7 +676,7 @@ def lineage_show(args: argparse.Namespace) -> int:
     for run_id in dict.fromkeys(e.run_id for e in entries):
         console.print(lineage_tree(run_id, [e for e in entries if e.run_id == run_id]))
     if not entries:
-        console.print("no lineage recorded" + (f" for {args.run_id}" if args.run_id else ""))
+        say("no lineage recorded" + (f" for {args.run_id}" if args.run_id else ""))
     return 0
 
 
@@ -699,7 +705,7 @@ def report_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"run_id": args.run_id, "kind": built.kind, **{k: str(v) for k, v in paths.items()}}, indent=1))
         return 0
-    console.print(f"{escape(built.title)}: {len(built.sections)} section(s), {len(built.tables())} table(s), {len(built.figures())} figure(s)")
+    say(f"{escape(built.title)}: {len(built.sections)} section(s), {len(built.tables())} table(s), {len(built.figures())} figure(s)")
     for path in paths.values():
         print(path)
     return 0
@@ -834,7 +840,7 @@ def _gate_note(settings: dict, pairs: dict[str, list[str]]) -> None:
     """Says before a run starts when its selection gate can never pass."""
     warning = gate_warning(len(pairs["validation"]), settings["gate_level"])
     if warning:
-        console.print(f"[yellow]note:[/] {warning}")
+        say(f"[yellow]note:[/] {warning}")
 
 
 def coevolve(args: argparse.Namespace) -> int:
@@ -852,7 +858,7 @@ def coevolve(args: argparse.Namespace) -> int:
         ledger = Ledger(args.ledger)  # what each round's harness-evolution block adopted or kept, and why
         for block in dict.fromkeys(r["harness_run"] for r in ledger.rounds(result["run_id"]) if r.get("harness_run")):
             console.print(lineage_tree(block, ledger.lineage(block)))
-        console.print(f"report: {paths['html']}")
+        say(f"report: {paths['html']}")
     return 0 if result["bench"] is None or result["bench"]["complete"] else 1
 
 
@@ -1126,7 +1132,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (UsageError, SpecError) as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # a path must stay one piece to be copied
+        say(f"[red]error:[/] {escape(str(exc))}")
         return 2
 
 
