@@ -6,7 +6,9 @@ embedded llama.cpp model of `roles.local_model`, which writes its tool calls as
 text, so its conversations go through the adapter of `roles.tool_calls`.
 `scripted:<name>` replays a script registered in `roles.scripted` (tests).
 
-Every call has a timeout. Endpoint trouble (HTTP 429 and 5xx, connection
+Every call has a timeout, and replies are streamed so that a silent endpoint
+is noticed within the idle timeout (HERA_IDLE_TIMEOUT_S, 45 s: before the
+first token and between tokens) rather than the call's. Endpoint trouble (HTTP 429 and 5xx, connection
 errors, timeouts, malformed bodies, replies cut off with nothing usable) is
 retried with exponential backoff and jitter, then raised as
 `InfrastructureError`, which callers record and re-run instead of scoring it
@@ -27,6 +29,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Literal, Protocol, Sequence, TypeVar, runtime_checkable
 
+import httpx
 import openai
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage, messages_to_dict
 from langchain_openai import ChatOpenAI
@@ -55,6 +58,10 @@ MAX_BACKOFF_S = 60.0
 # A structured reply longer than this is a model going round in its grammar (seen: a 1.5B model past 2,000
 # tokens of one JSON reply at 3 tokens/s); it is cut off and asked again, not waited for.
 STRUCTURED_MAX_TOKENS = 1536
+IDLE_TIMEOUT_S = 45.0
+# The embedded model reads a prompt at about 30 tokens/s on two cores (README), so a full 16k-token slot
+# without a cached prefix takes some 550 s before its first token; a server that is alive is given that time.
+LOCAL_FIRST_TOKEN_S = 900.0
 LOCAL_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "extra_body": {"top_k": 20, "repeat_penalty": 1.05}}
 T = TypeVar("T")
 ActionMode = Literal["text", "structured"]
@@ -84,7 +91,7 @@ class ContextLimitError(Exception):
     harness's failure; it is not an infrastructure error."""
 
 
-CONTEXT_MARKERS = ("context size", "context length", "context_length", "maximum context", "too many tokens")
+CONTEXT_MARKERS = ("context size", "context length", "context_length", "maximum context", "too many tokens", "context window")
 
 
 @dataclass(frozen=True)
@@ -117,19 +124,33 @@ class ChatModel(Protocol):
 
 
 def chat_model(
-    spec: str, *, role: str, timeout_s: float = 180.0, max_retries: int = 4, retry_base_s: float | None = None
+    spec: str, *, role: str, timeout_s: float = 180.0, max_retries: int = 4, retry_base_s: float | None = None,
+    idle_timeout_s: float | None = None,
 ) -> ChatModel:
     """The model named by `spec`, recording usage under `role`.
 
     `retry_base_s` is the first backoff delay (doubling per retry, with
-    jitter); it defaults to HERA_RETRY_BASE_S or 1 s.
+    jitter); it defaults to HERA_RETRY_BASE_S or 1 s. `idle_timeout_s` is the
+    longest silence of an endpoint before a reply's first token or between
+    two tokens; it defaults to HERA_IDLE_TIMEOUT_S or 45 s.
     """
     if retry_base_s is None:
-        try:
-            retry_base_s = float(os.environ.get("HERA_RETRY_BASE_S", "1.0"))
-        except ValueError:
-            raise ValueError(f"HERA_RETRY_BASE_S must be a number of seconds; got {os.environ['HERA_RETRY_BASE_S']!r}") from None
-    return JournaledModel(_provider_model(spec, role, {"timeout_s": timeout_s, "max_retries": max_retries, "retry_base_s": retry_base_s}))
+        retry_base_s = _seconds("HERA_RETRY_BASE_S", 1.0)
+    if idle_timeout_s is None:
+        idle_timeout_s = _seconds("HERA_IDLE_TIMEOUT_S", IDLE_TIMEOUT_S, positive=True)
+    return JournaledModel(_provider_model(spec, role, {"timeout_s": timeout_s, "max_retries": max_retries, "retry_base_s": retry_base_s,
+                                                       "idle_timeout_s": idle_timeout_s}))
+
+
+def _seconds(variable: str, default: float, positive: bool = False) -> float:
+    raw = os.environ.get(variable)
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if value < 0 or positive and value == 0:
+        raise ValueError(f"{variable} must be a {'positive ' if positive else ''}number of seconds; got {raw!r}")
+    return value
 
 
 def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatModel:
@@ -141,7 +162,7 @@ def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatMo
         return OpenAICompatibleModel(
             spec, role=role, model=QWEN_CODER_1_5B.name, record_as=f"local:{QWEN_CODER_1_5B.name}",
             base_url=_local_base_url, api_key="local", text_tools=True, sampling=sampling,
-            **reliability,
+            first_token_s=max(LOCAL_FIRST_TOKEN_S, reliability["idle_timeout_s"]), **reliability,
         )
     if provider == "openai" and name:
         api_key = os.environ.get("OPENAI_API_KEY")
@@ -314,14 +335,20 @@ class OpenAICompatibleModel:
     crashed server); and calls go one at a time, each call's timeout starting
     when its turn comes, because the server has one slot and a request queued
     behind others is not a slow endpoint.
+
+    Replies are streamed: no chunk within `first_token_s` (default
+    `idle_timeout_s`) of the request, or within `idle_timeout_s` of the last
+    chunk, is a timeout, while `timeout_s` bounds the whole reply.
     """
 
     def __init__(self, spec: str, *, role: str, model: str, record_as: str,
                  base_url: str | None | Callable[[], Awaitable[str]], api_key: str,
                  timeout_s: float, max_retries: int, retry_base_s: float, text_tools: bool = False,
-                 sampling: dict[str, Any] | None = None):
+                 sampling: dict[str, Any] | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 first_token_s: float | None = None):
         self.spec, self.role, self.model, self.record_as = spec, role, model, record_as
         self.timeout_s, self.max_retries, self.retry_base_s = timeout_s, max_retries, retry_base_s
+        self.idle_timeout_s, self.first_token_s = idle_timeout_s, first_token_s or idle_timeout_s
         self.text_tools, self.own_server = text_tools, callable(base_url)
         self._base_url, self._api_key, self._sampling = base_url, api_key, dict(sampling or {})
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ChatOpenAI] = weakref.WeakKeyDictionary()
@@ -406,7 +433,7 @@ class OpenAICompatibleModel:
             self._clients[loop] = ChatOpenAI(
                 model=self.model, api_key=self._api_key, base_url=base_url, timeout=self.timeout_s, max_retries=0,
                 use_responses_api=False, http_async_client=openai.DefaultAsyncHttpxClient(trust_env=not self.own_server),
-                **self._sampling)
+                stream_usage=True, stream_chunk_timeout=None, **self._sampling)
         return self._clients[loop]
 
     def _gate(self):
@@ -420,7 +447,7 @@ class OpenAICompatibleModel:
         async with self._gate():
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    return await client.ainvoke(messages, **options)
+                    return await self._stream(client, messages, options)
             except TimeoutError as error:
                 raise _Failure("timeout", f"no reply within {self.timeout_s:g} s") from error
             except openai.APIStatusError as error:
@@ -440,9 +467,37 @@ class OpenAICompatibleModel:
             except json.JSONDecodeError as error:
                 kind = "truncated" if _ends_early(error) else "malformed"
                 raise _Failure(kind, f"the response body is not JSON: {error.msg} at {error.pos}") from error
+            except openai.APIError as error:  # an error event in the middle of a stream
+                if any(m in str(error).lower() for m in CONTEXT_MARKERS):
+                    raise ContextLimitError(str(error)[:200]) from error
+                raise _Failure("server_error", f"the stream broke off: {str(error)[:200]}") from error
+            except httpx.TimeoutException as error:
+                raise _Failure("timeout", f"the stream stalled: {type(error).__name__}") from error
+            except httpx.TransportError as error:  # raised while reading a stream, where openai does not wrap it
+                if _cut_off(error):
+                    raise _Failure("truncated", "the response body was cut off") from error
+                raise _Failure("connection", str(error) or type(error).__name__) from error
             except (ValueError, TypeError, KeyError) as error:
                 # ChatOpenAI raises these when a 200 body is not a chat completion (no choices, an error object, HTML).
                 raise _Failure("malformed", f"the response is not a chat completion: {str(error)[:200]}") from error
+
+    async def _stream(self, client: ChatOpenAI, messages: list[BaseMessage], options: dict[str, Any]) -> AIMessage:
+        """The reply's chunks added up; silence longer than the first-token or the idle allowance is a timeout."""
+        loop, reply = asyncio.get_running_loop(), None
+        try:
+            async with asyncio.timeout(self.first_token_s) as idle:
+                async for chunk in client.astream(messages, **options):
+                    reply = chunk if reply is None else reply + chunk
+                    idle.reschedule(loop.time() + self.idle_timeout_s)
+        except TimeoutError as error:
+            if not idle.expired():
+                raise
+            silent = (f"no token within {self.first_token_s:g} s of the request" if reply is None
+                      else f"no token for {self.idle_timeout_s:g} s mid-reply")
+            raise _Failure("timeout", f"{silent} (HERA_IDLE_TIMEOUT_S)") from error
+        if reply is None:
+            raise _Failure("malformed", "the response is not a chat completion stream: it carried no chunk")
+        return reply
 
     def _usage(self, reply: AIMessage, latency_s: float) -> UsageRecord:
         usage = reply.usage_metadata or {}
