@@ -24,6 +24,7 @@ from graphs.metrics import Metrics
 from graphs.selection import GATE_LEVEL
 from state.context import Context
 from harness.bundle import load_bundle
+from roles.models import reset_endpoints
 from state.ledger import Ledger, runs_dir
 from state.evolution import Diagnosis
 from state.records import EpisodeRecord
@@ -77,6 +78,7 @@ async def evaluate(
 ) -> tuple[str, Metrics]:
     """Runs (or resumes, given the id of an interrupted run) an evaluation; the run id and its metrics."""
     _check_request(pair_ids, trials, concurrency, context)
+    reset_endpoints(context.agent_model, context.judge_model)
     run_id = run_id or new_run_id()
     await asyncio.to_thread(runs_dir().mkdir, parents=True, exist_ok=True)
     # every episode does blocking work (ledger, grading) in threads: size the pool to the concurrency

@@ -50,7 +50,7 @@ from graphs.report import (
 )
 from harness.bundle import bundle_diff, load_bundle
 from state.context import Context
-from roles.models import chat_model
+from roles.models import chat_model, endpoint_down, endpoint_problem
 from roles.failure_analyst import failure_analyst, failure_records
 from state.evolution import Diagnosis, LineageEntry
 from state.ledger import Ledger, runs_dir
@@ -140,6 +140,29 @@ def model_spec(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def reachable(*options: tuple[str, str | None]) -> None:
+    """Asks each remote endpoint once, before anything is recorded: a dead or silent one costs seconds, not a run."""
+    asked = set()
+    for option, spec in options:
+        if spec and spec not in asked:
+            asked.add(spec)
+            problem = endpoint_problem(spec)
+            if problem:
+                raise UsageError(f"{option} {spec}: {problem}; nothing was run")
+
+
+def role_specs(args: argparse.Namespace, *roles: str) -> list[tuple[str, str]]:
+    """(option, spec) of each role's model: its own option when given, else --model."""
+    return [(f"--{r.replace('_', '-')}", getattr(args, r)) if getattr(args, r) else ("--model", args.model) for r in roles]
+
+
+def stop_note(resume: str, *specs: str) -> None:
+    """Says why an evaluation stopped early (an endpoint went down) and how to finish it."""
+    down = endpoint_down(*specs)
+    if down:
+        say(f"[red]stopped:[/] {escape(down)}; the finished episodes are kept: resume with `{escape(resume)}`")
 
 
 def model_specs(text: str) -> list[str]:
@@ -316,6 +339,7 @@ def envs_build(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out}: not empty; give a new or empty directory (or --run-id to resume)")
     context = Context(builder_model=args.builder_model or args.model, task_model=args.task_model or args.model,
                       solver_model=args.solver_model or args.model, ledger=args.ledger)
+    reachable(*role_specs(args, "builder_model", "task_model", "solver_model"))
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task("environment_builder")
 
@@ -369,7 +393,9 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UsageError(f"no pairs in split {args.split!r}")
     for pair_id in pair_ids:
         _entry(args, pair_id)
-    context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, catalog=catalog,
+    judge = args.judge_model or args.model
+    reachable(("--model", args.model), ("--judge-model", args.judge_model))
+    context = Context(agent_model=args.model, judge_model=judge, catalog=catalog,
                       ledger=args.ledger, max_infra_retries=args.retries, max_turns=args.max_turns)
     total = 2 * len(pair_ids) * args.trials
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -389,6 +415,8 @@ def run_eval(args: argparse.Namespace) -> int:
         print(json.dumps({"run_id": run_id, "metrics": metrics.model_dump()}, indent=1))
     else:
         console.print(metrics_table(run_id, args.harness, args.model, metrics))
+    stop_note(f"hera eval --run-id {run_id} --model {args.model}" + (f" --judge-model {judge}" if judge != args.model else ""),
+              args.model, judge)
     return 0 if metrics.complete else 1
 
 
@@ -553,6 +581,7 @@ def evolve_harness(args: argparse.Namespace) -> int:
     context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.analyst_model or args.model,
                       optimizer_model=args.optimizer_model or args.model, catalog=args.catalog, ledger=args.ledger,
                       max_turns=args.max_turns)
+    reachable(("--model", args.model), *role_specs(args, "judge_model", "analyst_model", "optimizer_model"))
     per_eval = 2 * (len(pool) + len(validation))
     warning = gate_warning(len(validation) if args.rule == "hera" else len(pool), args.gate_level,
                            "validation" if args.rule == "hera" else "training")
@@ -616,6 +645,7 @@ def evolve_envs(args: argparse.Namespace) -> int:
     context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
                       proposer_model=args.proposer_model or args.model, reviewer_model=args.reviewer_model or args.model,
                       catalog=args.catalog, ledger=args.ledger)
+    reachable(("--model", args.model), *role_specs(args, "judge_model", "proposer_model", "reviewer_model"))
     diagnosis = load_diagnosis(args.diagnosis, context, args.catalog)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("designing proposals")
@@ -713,8 +743,6 @@ def report_run(args: argparse.Namespace) -> int:
 
 def transfer(args: argparse.Namespace) -> int:
     models = args.models
-    bundle = bundle_ref(args.ledger, args.harness)
-    harness = load_bundle(bundle)
     pair_ids = args.pairs or split_pairs(args.split, args.catalog)
     if args.limit:
         pair_ids = pair_ids[: args.limit]
@@ -723,6 +751,9 @@ def transfer(args: argparse.Namespace) -> int:
     for pair_id in pair_ids:
         _entry(args, pair_id)
     judge = args.judge_model or models[0]
+    reachable(*(("--models", m) for m in models), ("--judge-model", args.judge_model))
+    bundle = bundle_ref(args.ledger, args.harness)
+    harness = load_bundle(bundle)
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task(f"{harness.id} across {len(models)} models", total=2 * len(pair_ids) * args.trials * len(models))
@@ -738,6 +769,7 @@ def transfer(args: argparse.Namespace) -> int:
                                                            concurrency=args.concurrency, on_episode=advance))
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
+            stop_note(f"hera eval --run-id {run_id} --model {model} --judge-model {judge}", model, judge)
             results.append((model, run_id, metrics))
     built = transfer_report(Ledger(args.ledger), harness.id, judge, len(pair_ids), args.trials, results)
     paths = write_report(built, Path(args.out) if args.out else runs_dir() / "reports" / built.run_id, stem="transfer")
@@ -827,6 +859,7 @@ def _method(name: str, args: argparse.Namespace, settings: dict, pairs: dict[str
 
 
 def _method_context(args: argparse.Namespace, settings: dict) -> Context:
+    reachable(("--model", args.model), ("--judge-model", args.judge_model))
     return Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
                    optimizer_model=args.model, proposer_model=args.model, reviewer_model=args.model,
                    catalog=args.catalog, ledger=args.ledger, max_turns=settings.pop("max_turns"))

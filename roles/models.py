@@ -12,7 +12,10 @@ first token and between tokens) rather than the call's. Endpoint trouble (HTTP 4
 errors, timeouts, malformed bodies, replies cut off with nothing usable) is
 retried with exponential backoff and jitter, then raised as
 `InfrastructureError`, which callers record and re-run instead of scoring it
-as an agent failure (DESIGN.md §7). Each call's usage is recorded for the
+as an agent failure (DESIGN.md §7). An endpoint that `TRIP_AFTER` calls in a
+row could not reach (refused, or silent past their timeouts) is down: later
+calls fail at once and an evaluation stops (`endpoint_down`); `endpoint_problem`
+asks an endpoint once before a run. Each call's usage is recorded for the
 caller's role, priced from the table in HERA_MODEL_PRICES.
 """
 
@@ -27,7 +30,7 @@ import time
 import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Literal, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Awaitable, Callable, Coroutine, Literal, Protocol, Sequence, TypeVar, runtime_checkable
 
 import httpx
 import openai
@@ -59,6 +62,9 @@ MAX_BACKOFF_S = 60.0
 # tokens of one JSON reply at 3 tokens/s); it is cut off and asked again, not waited for.
 STRUCTURED_MAX_TOKENS = 1536
 IDLE_TIMEOUT_S = 45.0
+PROBE_TIMEOUT_S = 10.0
+TRIP_AFTER = 3  # calls in a row, each after its own retries, that found no endpoint answering
+UNREACHABLE = ("connection", "timeout")
 # The embedded model reads a prompt at about 30 tokens/s on two cores (README), so a full 16k-token slot
 # without a cached prefix takes some 550 s before its first token; a server that is alive is given that time.
 LOCAL_FIRST_TOKEN_S = 900.0
@@ -168,14 +174,56 @@ def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatMo
         api_key = os.environ.get("OPENAI_API_KEY")
         if not api_key:
             raise ValueError(f"model spec {spec!r} needs OPENAI_API_KEY (any value for a server without keys)")
-        base_url = os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL") or None
-        return OpenAICompatibleModel(spec, role=role, model=name, record_as=spec, base_url=base_url,
+        return OpenAICompatibleModel(spec, role=role, model=name, record_as=spec, base_url=_openai_base_url(),
                                      api_key=api_key, **reliability)
     if provider == "scripted" and name:
         from roles.scripted import ScriptedModel
 
         return ScriptedModel(name, role=role)
     raise ValueError(f"unknown model spec {spec!r}: expected 'openai:<model>', 'local' or 'scripted:<name>'")
+
+
+def _openai_base_url() -> str | None:
+    return os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL") or None
+
+
+def endpoint_problem(spec: str, timeout_s: float | None = None) -> str | None:
+    """Why the endpoint behind `spec` cannot serve a run, from one `GET /models` (a refused or failed connection,
+    no answer within `timeout_s`, a rejected key); None when it answers. Only `openai:` specs have an endpoint
+    to ask: the local server starts on demand, and scripted models have none."""
+    if spec.partition(":")[0] != "openai":
+        return None
+    if timeout_s is None:
+        timeout_s = min(PROBE_TIMEOUT_S, _seconds("HERA_IDLE_TIMEOUT_S", IDLE_TIMEOUT_S, positive=True))
+    base_url = (_openai_base_url() or "https://api.openai.com/v1").rstrip("/")
+    try:
+        answer = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', '')}"},
+                           timeout=timeout_s)
+    except httpx.TimeoutException:
+        return f"{base_url} did not answer within {timeout_s:g} s"
+    except (httpx.HTTPError, httpx.InvalidURL) as error:
+        return f"{base_url} is unreachable ({error or type(error).__name__})"
+    if answer.status_code in (401, 403):
+        return f"{base_url} refused the key in OPENAI_API_KEY (HTTP {answer.status_code})"
+    return None
+
+
+_unreachable: dict[str, list[str]] = {}  # spec -> its calls in a row that found no endpoint answering
+
+
+def endpoint_down(*specs: str) -> str | None:
+    """Why a run on these specs should stop now: one whose last `TRIP_AFTER` calls found no endpoint answering."""
+    for spec in specs:
+        failed = _unreachable.get(spec, [])
+        if len(failed) >= TRIP_AFTER:
+            return f"{spec}: {len(failed)} calls in a row found no endpoint answering (last: {failed[-1]})"
+    return None
+
+
+def reset_endpoints(*specs: str) -> None:
+    """Gives these specs' endpoints (without specs, every one) a fresh start: a new evaluation tries them again."""
+    for spec in specs or list(_unreachable):
+        _unreachable.pop(spec, None)
 
 
 class JournaledModel:
@@ -207,8 +255,8 @@ class JournaledModel:
             data = json.loads(text)
             return Completion(AIMessage.model_validate(data["message"]), UsageRecord.model_validate(data["usage"]), data["truncated"])
 
-        return await journaled(request, lambda: self.model.complete(messages, tools, max_tokens=max_tokens, temperature=temperature,
-                                                                    action_mode=action_mode), dump, load)
+        return await self._watched(journaled(request, lambda: self.model.complete(
+            messages, tools, max_tokens=max_tokens, temperature=temperature, action_mode=action_mode), dump, load))
 
     async def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, UsageRecord]:
         request = self._request("structured", messages, schema=schema.model_json_schema())
@@ -220,7 +268,25 @@ class JournaledModel:
             data = json.loads(text)
             return schema.model_validate(data["value"]), UsageRecord.model_validate(data["usage"])
 
-        return await journaled(request, lambda: self.model.structured(messages, schema), dump, load)
+        return await self._watched(journaled(request, lambda: self.model.structured(messages, schema), dump, load))
+
+    async def _watched(self, call: Coroutine[Any, Any, T]) -> T:
+        """`call`, counted against its endpoint: not made while the endpoint is down, a failure to reach it
+        counted, any answer (a bad one too) clearing the count."""
+        down = endpoint_down(self.spec)
+        if down:
+            call.close()
+            raise InfrastructureError("connection", f"not tried: {down}", self.spec)
+        try:
+            result = await call
+        except InfrastructureError as error:
+            if error.kind in UNREACHABLE:
+                _unreachable.setdefault(self.spec, []).append(f"{error.kind}: {error.detail}"[:300])
+            else:  # an endpoint that answers, if badly, is up
+                _unreachable.pop(self.spec, None)
+            raise
+        _unreachable.pop(self.spec, None)
+        return result
 
 
 def model_prices() -> dict[str, tuple[float, float, float]]:
@@ -459,7 +525,7 @@ class OpenAICompatibleModel:
                     self._clients.pop(asyncio.get_running_loop(), None)
                 if _cut_off(error):
                     raise _Failure("truncated", "the response body was cut off") from error
-                raise _Failure("connection", str(error.__cause__ or error)) from error
+                raise _Failure("connection", _root_cause(error)) from error
             except openai.LengthFinishReasonError as error:
                 raise _Failure("truncated", "the reply hit the token limit") from error
             except openai.APIResponseValidationError as error:
@@ -528,6 +594,13 @@ def _retry_after(error: openai.APIStatusError) -> float | None:
         return float(error.response.headers.get("retry-after", ""))
     except ValueError:
         return None
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost cause's message: the wrappers' own say only "Connection error."."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return str(error) or type(error).__name__
 
 
 def _cut_off(error: BaseException) -> bool:

@@ -1,13 +1,20 @@
-"""Input that never costs a run: bad counts, pair lists and model specs are refused before anything is written."""
+"""Input that never costs a run: bad counts, pair lists, model specs and dead endpoints are refused before anything
+is written, and an endpoint lost mid-run stops the run instead of failing every episode in turn."""
 
 import asyncio
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from graphs import api
 from graphs.cli import main
 from state.context import Context
+from state.ledger import Ledger
 from tests.conftest import FIXTURES
+from tests.test_models import SECRET, FakeEndpoint
 
 PAIR = "shop-reserve-drill"
 
@@ -138,3 +145,112 @@ def test_the_api_refuses_an_evaluation_that_could_never_complete(runs):
     with pytest.raises(ValueError, match=r"cannot evaluate: no pairs; concurrency=0 \(at least 1\); max_infra_retries=-1"):
         asyncio.run(api.evaluate("H0", [], Context(max_infra_retries=-1, ledger=context.ledger), concurrency=0))
     assert not (runs / "ledger.db").exists() and not (runs / "runs").exists()
+
+
+# The model endpoint, asked once before a run and watched during it
+
+
+@pytest.fixture
+def remote(runs, monkeypatch):
+    """Points `openai:` specs at 127.0.0.1 with a key, silence noticed after 0.3 s and retries without delay."""
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.delenv("OPENAI_API_BASE", raising=False)
+    monkeypatch.setenv("HERA_IDLE_TIMEOUT_S", "0.3")
+    monkeypatch.setenv("HERA_RETRY_BASE_S", "0")
+
+    def at(url: str) -> None:
+        monkeypatch.setenv("OPENAI_BASE_URL", url)
+
+    return at
+
+
+@pytest.fixture
+def sockets():
+    made = []
+
+    def make(listening: bool) -> str:
+        """A port that refuses connections, or (listening) one that accepts them and never answers."""
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        if listening:
+            sock.listen(8)
+        made.append(sock)
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+    yield make
+    for sock in made:
+        sock.close()
+
+
+def hera(capsys, tmp_path, *argv) -> tuple[int, str]:
+    code = main(["--catalog", str(FIXTURES), "--ledger", str(tmp_path / "ledger.db"), *argv])
+    return code, capsys.readouterr().err
+
+
+def test_an_endpoint_that_refuses_connections_is_named_before_any_run(capsys, runs, remote, sockets):
+    url = sockets(listening=False)
+    remote(url)
+    code, err = hera(capsys, runs, "eval", "--pairs", PAIR, "--model", "openai:fake", "--judge-model", "scripted:judge")
+    assert code == 2
+    assert f"error: --model openai:fake: {url} is unreachable ([Errno 111] Connection refused); nothing was run" in err.splitlines()
+    assert not (runs / "ledger.db").exists() and not (runs / "runs").exists()
+
+
+def test_an_endpoint_that_never_answers_is_named_before_any_run(capsys, runs, remote, sockets):
+    url = sockets(listening=True)
+    remote(url)
+    code, err = hera(capsys, runs, "eval", "--pairs", PAIR, "--model", "scripted:agent", "--judge-model", "openai:fake")
+    assert code == 2
+    assert f"error: --judge-model openai:fake: {url} did not answer within 0.3 s; nothing was run" in err.splitlines()
+    assert not (runs / "ledger.db").exists()
+    code, err = hera(capsys, runs, "transfer", "--harness", "H0", "--models", "scripted:agent,openai:fake", "--judge-model", "scripted:judge",
+                     "--pairs", PAIR)
+    assert code == 2 and f"error: --models openai:fake: {url} did not answer within 0.3 s; nothing was run" in err.splitlines()
+    code, err = hera(capsys, runs, "envs", "build", "--theme", "shop", "--out", str(runs / "built"), "--model", "scripted:maker",
+                     "--solver-model", "openai:fake")
+    assert code == 2 and f"error: --solver-model openai:fake: {url} did not answer within 0.3 s; nothing was run" in err.splitlines()
+    assert not (runs / "ledger.db").exists() and not (runs / "built").exists()
+
+
+def test_an_endpoint_that_rejects_the_key_is_named_before_any_run(capsys, runs, remote):
+    class Refusing(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    remote(url)
+    try:
+        code, err = hera(capsys, runs, "eval", "--pairs", PAIR, "--model", "openai:fake", "--judge-model", "scripted:judge")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 2
+    assert f"error: --model openai:fake: {url} refused the key in OPENAI_API_KEY (HTTP 401); nothing was run" in err.splitlines()
+    assert not (runs / "ledger.db").exists()
+
+
+def test_an_endpoint_lost_mid_run_stops_the_run_after_three_calls(capsys, runs, remote):
+    fake = FakeEndpoint([], then="drop")  # answers the probe, then closes every chat request unanswered
+    remote(fake.url)
+    try:
+        code, err = hera(capsys, runs, "eval", "--pairs", PAIR, "--model", "openai:fake", "--judge-model", "scripted:judge",
+                         "--trials", "2")
+    finally:
+        fake.close()
+    assert code == 1
+    assert len(fake.requests) == 3 * 5  # the first episode's three attempts, each a call tried five times; nothing after
+    [stopped] = [line for line in err.splitlines() if line.startswith("stopped:")]
+    assert stopped.startswith("stopped: openai:fake: 3 calls in a row found no endpoint answering (last: connection: ")
+    run_id = Ledger(str(runs / "ledger.db")).runs()[0]["id"]
+    assert stopped.endswith(f"the finished episodes are kept: resume with `hera eval --run-id {run_id} --model openai:fake "
+                            "--judge-model scripted:judge`")
+    ledger = Ledger(str(runs / "ledger.db"))
+    assert [a["status"] for a in ledger.attempts(run_id)] == ["infrastructure_error"] * 3
+    assert json.loads(ledger.run(run_id)["metrics"])["planned"] == 4 and json.loads(ledger.run(run_id)["metrics"])["finished"] == 0

@@ -23,6 +23,8 @@ from roles.models import (
     backoff_s,
     chat_model,
     cost_usd,
+    endpoint_down,
+    reset_endpoints,
     response_format,
 )
 from roles.scripted import ScriptError
@@ -642,3 +644,26 @@ def test_adapter_stays_linear_on_long_unbalanced_replies():
     assert parse_tool_calls("{ x " * 8000 + '"get_item"', TOOLS)[1] == []
     assert parse_tool_calls("get_item( " * 5000, TOOLS)[1] == []
     assert time.monotonic() - started < 2.0
+
+
+async def test_an_endpoint_unreachable_three_calls_in_a_row_is_down_until_reset():
+    down = InfrastructureError("connection", "refused")
+    scripted.register("agent", [down, "ok", down, InfrastructureError("rate_limited", "429"), down,
+                                InfrastructureError("timeout", "silent"), down, "back"])
+    model = chat_model("scripted:agent", role="agent")
+    outcomes = []
+    for _ in range(7):
+        try:
+            outcomes.append((await model.complete([HumanMessage("q")])).message.content)
+        except InfrastructureError as error:
+            outcomes.append(error.kind)
+    # an answer clears the count and a rate limit is an endpoint that answered; only the last three in a row trip it
+    assert outcomes == ["connection", "ok", "connection", "rate_limited", "connection", "timeout", "connection"]
+    assert endpoint_down("scripted:other", "scripted:agent") == (
+        "scripted:agent: 3 calls in a row found no endpoint answering (last: connection: refused)")
+    with pytest.raises(InfrastructureError, match="connection: not tried: scripted:agent: 3 calls in a row"):
+        await model.complete([HumanMessage("q")])
+    assert len(scripted.calls("agent")) == 7  # the call while it was down never reached the model
+    reset_endpoints("scripted:agent")
+    assert endpoint_down("scripted:agent") is None
+    assert (await model.complete([HumanMessage("q")])).message.content == "back"
