@@ -115,20 +115,21 @@ def _check_request(pair_ids: list[str], trials: int, concurrency: int, context: 
 
 
 def recorded_run(run_id: str, context: Context) -> dict | None:
-    """What a recorded evaluation run evaluated: bundle, pair_ids, trials, seed; None for an unknown run."""
+    """What a recorded evaluation run evaluated: bundle, pair_ids, trials, seed, model, judge; None for an unknown run."""
     run = Ledger(context.ledger).run(run_id)
     if run is None or not run.get("pairs"):
         return None
     return {"bundle": run.get("bundle_ref") or run["bundle"], "pair_ids": json.loads(run["pairs"]),
-            "trials": run.get("trials"), "seed": run.get("seed") or 0}
+            "trials": run.get("trials"), "seed": run.get("seed") or 0, "model": run.get("model"), "judge": run.get("judge")}
 
 
 def _check_same_run(run_id: str, payload: dict, context: Context) -> None:
-    """A run id names one evaluation: resuming it with other pairs, bundle or trials is refused, not silently merged."""
+    """A run id names one evaluation: resuming it with other pairs, bundle, trials or models is refused, not silently merged."""
     recorded = recorded_run(run_id, context)
     if recorded is None:
         return
-    differs = [k for k, v in recorded.items() if v is not None and payload.get(k) != v and not (k == "bundle" and load_bundle(payload[k]).hash == load_bundle(v).hash)]
+    given = {**payload, "model": context.agent_model, "judge": context.judge_model}
+    differs = [k for k, v in recorded.items() if v is not None and given.get(k) != v and not (k == "bundle" and load_bundle(given[k]).hash == load_bundle(v).hash)]
     if differs:
         raise ValueError(f"run {run_id} evaluated " + ", ".join(f"{k}={recorded[k]!r}" for k in differs)
                          + "; resume it with the same settings (omit them to reuse the recorded ones) or start a new run")

@@ -385,7 +385,13 @@ def run_eval(args: argparse.Namespace) -> int:
         args.pairs = args.pairs or recorded["pair_ids"]
         args.harness = args.harness or recorded["bundle"]
         args.trials, args.seed = args.trials or recorded["trials"], args.seed if args.seed is not None else recorded["seed"]
-    args.harness, args.trials, args.seed = args.harness or "H0", args.trials or 1, args.seed or 0
+        args.model, args.judge_model = args.model or recorded["model"], args.judge_model or recorded["judge"]
+    args.harness, args.trials, args.seed, args.model = args.harness or "H0", args.trials or 1, args.seed or 0, args.model or "local"
+    for option, spec in (("--model", args.model), ("--judge-model", args.judge_model)) if recorded else ():
+        try:  # read back from the ledger, not parsed: its credentials may be gone
+            model_spec(spec or args.model)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"{option} {spec} (run {args.run_id}'s): {exc}") from None
     pair_ids = args.pairs or split_pairs(args.split, catalog)
     if args.limit:
         pair_ids = pair_ids[: args.limit]
@@ -1075,14 +1081,14 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", default="bench", choices=["train", "validation", "bench"])
     ev.add_argument("--pairs", nargs="+", type=pair_id, action=Distinct, help="pair ids (default: the whole split)")
     ev.add_argument("--limit", type=positive_int, help="only the first N pairs")
-    ev.add_argument("--model", default="local", type=model_spec, help="local | openai:<model> | scripted:<name>")
+    ev.add_argument("--model", type=model_spec, help="local | openai:<model> | scripted:<name> (default local, or the resumed run's)")
     ev.add_argument("--judge-model", type=model_spec, help="model of the abstention judge (default: --model)")
     ev.add_argument("--trials", type=positive_int, help="trials per pair and side (default 1)")
     ev.add_argument("--seed", type=non_negative_int)
     ev.add_argument("--concurrency", type=positive_int, default=1)
     ev.add_argument("--retries", type=non_negative_int, default=2, help="re-runs of an episode after an infrastructure error")
     ev.add_argument("--max-turns", type=positive_int, help="a cap on every episode's turns (default: the harness's own limit)")
-    ev.add_argument("--run-id", help="resume this run (its recorded harness, pairs, trials and seed)")
+    ev.add_argument("--run-id", help="resume this run (its recorded harness, pairs, trials, seed and models)")
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(run=run_eval)
     runs = top.add_parser("runs", help="evaluation runs").add_subparsers(dest="runs_command", required=True)

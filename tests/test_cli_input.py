@@ -11,9 +11,11 @@ import pytest
 
 from graphs import api
 from graphs.cli import main
+from roles import scripted
 from state.context import Context
 from state.ledger import Ledger
 from tests.conftest import FIXTURES
+from tests.scripts import shop_agent, shop_judge
 from tests.test_models import SECRET, FakeEndpoint
 
 PAIR = "shop-reserve-drill"
@@ -254,3 +256,21 @@ def test_an_endpoint_lost_mid_run_stops_the_run_after_three_calls(capsys, runs, 
     ledger = Ledger(str(runs / "ledger.db"))
     assert [a["status"] for a in ledger.attempts(run_id)] == ["infrastructure_error"] * 3
     assert json.loads(ledger.run(run_id)["metrics"])["planned"] == 4 and json.loads(ledger.run(run_id)["metrics"])["finished"] == 0
+
+
+def test_a_resume_keeps_the_run_s_models_and_refuses_others(capsys, runs, remote):
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    try:
+        code, _ = hera(capsys, runs, "eval", "--pairs", PAIR, "--model", "scripted:agent", "--judge-model", "scripted:judge")
+        assert code == 0
+        run_id = Ledger(str(runs / "ledger.db")).runs()[0]["id"]
+        scripted.register("agent", [])  # any model call now fails the test
+        scripted.register("judge", [])
+        assert hera(capsys, runs, "eval", "--run-id", run_id)[0] == 0  # scripted:agent and scripted:judge again, all reused
+        code, err = hera(capsys, runs, "eval", "--run-id", run_id, "--model", "scripted:other")
+    finally:
+        scripted.clear()
+    assert code == 2 and f"error: run {run_id} evaluated model='scripted:agent'; resume it with the same settings" in err
+    run = Ledger(str(runs / "ledger.db")).run(run_id)
+    assert (run["model"], run["judge"]) == ("scripted:agent", "scripted:judge")
