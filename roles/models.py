@@ -500,6 +500,9 @@ class OpenAICompatibleModel:
                 model=self.model, api_key=self._api_key, base_url=base_url, timeout=self.timeout_s, max_retries=0,
                 use_responses_api=False, http_async_client=openai.DefaultAsyncHttpxClient(trust_env=not self.own_server),
                 stream_usage=True, stream_chunk_timeout=None, **self._sampling)
+            # Structured replies stream through `client.beta`, whose modules load on first use (0.3 s): here, off
+            # the event loop, rather than inside the first call's timeout.
+            await asyncio.to_thread(lambda: self._clients[loop].root_async_client.beta)
         return self._clients[loop]
 
     def _gate(self):
