@@ -6,6 +6,7 @@ A catalog is a directory of environment folders, each with a `pairs/` folder.
 
 from __future__ import annotations
 
+import glob
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -62,8 +63,9 @@ def side_env(entry: Entry, side: str) -> EnvironmentSpec:
 
 
 def load_entry(pair_id: str, root: Path | str = CATALOG) -> Entry:
-    """One pair, loading only its own environment (pair files are named after their id)."""
-    for path in Path(root).glob(f"*/pairs/{pair_id}.yaml"):
+    """One pair, loading only its own environment (pair files are named after their id; an id is
+    never a pattern, which would load whichever pair it matched first)."""
+    for path in Path(root).glob(f"*/pairs/{glob.escape(pair_id)}.yaml"):
         env = load_environment(path.parent.parent)
         return Entry(pair=load_pair(path, env), env=env, path=path)
     raise KeyError(f"no pair {pair_id!r} in {root}")

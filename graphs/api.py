@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import json
 import itertools
@@ -23,6 +24,7 @@ from graphs.metrics import Metrics
 from graphs.selection import GATE_LEVEL
 from state.context import Context
 from harness.bundle import load_bundle
+from roles.models import reset_endpoints
 from state.ledger import Ledger, runs_dir
 from state.evolution import Diagnosis
 from state.records import EpisodeRecord
@@ -75,6 +77,8 @@ async def evaluate(
     sides: list[str] | None = None,
 ) -> tuple[str, Metrics]:
     """Runs (or resumes, given the id of an interrupted run) an evaluation; the run id and its metrics."""
+    _check_request(pair_ids, trials, concurrency, context)
+    reset_endpoints(context.agent_model, context.judge_model)
     run_id = run_id or new_run_id()
     await asyncio.to_thread(runs_dir().mkdir, parents=True, exist_ok=True)
     # every episode does blocking work (ledger, grading) in threads: size the pool to the concurrency
@@ -97,21 +101,35 @@ async def evaluate(
     return run_id, final.values["metrics"]
 
 
+def _check_request(pair_ids: list[str], trials: int, concurrency: int, context: Context) -> None:
+    """Refuses, before anything is recorded, an evaluation that could never complete or run."""
+    twice = sorted(p for p, n in collections.Counter(pair_ids).items() if n > 1)
+    problems = ["no pairs"] if not pair_ids else []
+    problems += [f"pairs given more than once: {', '.join(twice)}"] if twice else []
+    problems += [f"trials={trials} (at least 1)"] if trials < 1 else []
+    problems += [f"concurrency={concurrency} (at least 1)"] if concurrency < 1 else []
+    problems += [f"max_infra_retries={context.max_infra_retries} (at least 0)"] if context.max_infra_retries < 0 else []
+    problems += [f"max_turns={context.max_turns} (at least 1, or None)"] if context.max_turns is not None and context.max_turns < 1 else []
+    if problems:
+        raise ValueError("cannot evaluate: " + "; ".join(problems))
+
+
 def recorded_run(run_id: str, context: Context) -> dict | None:
-    """What a recorded evaluation run evaluated: bundle, pair_ids, trials, seed; None for an unknown run."""
+    """What a recorded evaluation run evaluated: bundle, pair_ids, trials, seed, model, judge; None for an unknown run."""
     run = Ledger(context.ledger).run(run_id)
     if run is None or not run.get("pairs"):
         return None
     return {"bundle": run.get("bundle_ref") or run["bundle"], "pair_ids": json.loads(run["pairs"]),
-            "trials": run.get("trials"), "seed": run.get("seed") or 0}
+            "trials": run.get("trials"), "seed": run.get("seed") or 0, "model": run.get("model"), "judge": run.get("judge")}
 
 
 def _check_same_run(run_id: str, payload: dict, context: Context) -> None:
-    """A run id names one evaluation: resuming it with other pairs, bundle or trials is refused, not silently merged."""
+    """A run id names one evaluation: resuming it with other pairs, bundle, trials or models is refused, not silently merged."""
     recorded = recorded_run(run_id, context)
     if recorded is None:
         return
-    differs = [k for k, v in recorded.items() if v is not None and payload.get(k) != v and not (k == "bundle" and load_bundle(payload[k]).hash == load_bundle(v).hash)]
+    given = {**payload, "model": context.agent_model, "judge": context.judge_model}
+    differs = [k for k, v in recorded.items() if v is not None and given.get(k) != v and not (k == "bundle" and load_bundle(given[k]).hash == load_bundle(v).hash)]
     if differs:
         raise ValueError(f"run {run_id} evaluated " + ", ".join(f"{k}={recorded[k]!r}" for k in differs)
                          + "; resume it with the same settings (omit them to reuse the recorded ones) or start a new run")

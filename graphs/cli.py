@@ -49,6 +49,7 @@ from graphs.report import (
 )
 from harness.bundle import bundle_diff, load_bundle
 from state.context import Context
+from roles.models import chat_model, endpoint_down, endpoint_problem
 from roles.failure_analyst import failure_analyst, failure_records
 from state.evolution import Diagnosis, LineageEntry
 from state.ledger import Ledger, runs_dir
@@ -57,8 +58,121 @@ from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 console = Console(stderr=True)
 
 
+def say(markup: str) -> None:
+    """One message line, never wrapped: rich wraps at 80 columns when stderr is no terminal, and an error,
+    a note or a path must stay one piece to be read, copied and matched."""
+    console.print(markup, soft_wrap=True)
+
+
 class UsageError(Exception):
     pass
+
+
+def counted(minimum: int):
+    """An argparse type: an integer of at least `minimum` (a count, a budget, a limit)."""
+    what = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer of at least {minimum}")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {what} (got {text})")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+positive_int, non_negative_int = counted(1), counted(0)
+
+
+def fraction(low_open: bool):
+    """An argparse type: a number from 0 (excluded when `low_open`) to 1."""
+    what = "a number above 0 and at most 1" if low_open else "a number from 0 to 1"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or not (0 < value <= 1 if low_open else 0 <= value <= 1):
+            raise argparse.ArgumentTypeError(f"must be {what} (got {text})")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+share, level = fraction(False), fraction(True)
+
+
+def port_number(text: str) -> int:
+    value = counted(1)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535 (got {text})")
+    return value
+
+
+def pair_id(text: str) -> str:
+    """An argparse type: one pair id, never a pattern (the catalog lookup would expand it to some pair)."""
+    if not text or any(c in text for c in "*?[]/\\"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a pair id: name each pair (see `hera envs list`); patterns are not expanded")
+    return text
+
+
+class Distinct(argparse.Action):
+    """Stores a list of ids, refusing one given twice (a run of duplicates never completes)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        twice = sorted(v for v, n in Counter(values).items() if n > 1)
+        if twice:
+            raise argparse.ArgumentError(self, f"given more than once: {', '.join(twice)}")
+        setattr(namespace, self.dest, values)
+
+
+def model_spec(text: str) -> str:
+    """An argparse type: a spec the model seam can build here (known kind, credentials set)."""
+    try:
+        chat_model(text, role="agent")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def reachable(*options: tuple[str, str | None]) -> None:
+    """Asks each remote endpoint once, before anything is recorded: a dead or silent one costs seconds, not a run."""
+    asked = set()
+    for option, spec in options:
+        if spec and spec not in asked:
+            asked.add(spec)
+            problem = endpoint_problem(spec)
+            if problem:
+                raise UsageError(f"{option} {spec}: {problem}; nothing was run")
+
+
+def role_specs(args: argparse.Namespace, *roles: str) -> list[tuple[str, str]]:
+    """(option, spec) of each role's model: its own option when given, else --model."""
+    return [(f"--{r.replace('_', '-')}", getattr(args, r)) if getattr(args, r) else ("--model", args.model) for r in roles]
+
+
+def stop_note(resume: str, *specs: str) -> None:
+    """Says why an evaluation stopped early (an endpoint went down) and how to finish it."""
+    down = endpoint_down(*specs)
+    if down:
+        say(f"[red]stopped:[/] {escape(down)}; the finished episodes are kept: resume with `{escape(resume)}`")
+
+
+def model_specs(text: str) -> list[str]:
+    """An argparse type: model specs separated by commas, each buildable, none twice."""
+    specs = [m.strip() for m in text.split(",") if m.strip()]
+    if not specs:
+        raise argparse.ArgumentTypeError("expected model specs separated by commas, e.g. local,openai:gpt-4o-mini")
+    twice = sorted(m for m, n in Counter(specs).items() if n > 1)
+    if twice:
+        raise argparse.ArgumentTypeError(f"given more than once: {', '.join(twice)}")
+    return [model_spec(m) for m in specs]
 
 
 def _entries(args: argparse.Namespace, errors: list[SpecError] | None = None) -> dict[str, Entry]:
@@ -182,11 +296,11 @@ def envs_certify(args: argparse.Namespace) -> int:
         if args.all:
             console.print(_summary(chosen, certs))
         for problem in problems:
-            console.print(f"[red]problem:[/] {problem}")
+            say(f"[red]problem:[/] {escape(problem)}")
         verdict = f"[red]{len(failed)} failed[/]" if failed else "[green]none failed[/]"
         if problems:
             verdict += f"; [red]{len(problems)} catalog problem(s)[/]"
-        console.print(f"{len(certs) - len(failed)}/{len(certs)} pairs certified; {verdict}")
+        say(f"{len(certs) - len(failed)}/{len(certs)} pairs certified; {verdict}")
     return 1 if failed or problems else 0
 
 
@@ -224,13 +338,14 @@ def envs_build(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out}: not empty; give a new or empty directory (or --run-id to resume)")
     context = Context(builder_model=args.builder_model or args.model, task_model=args.task_model or args.model,
                       solver_model=args.solver_model or args.model, ledger=args.ledger)
+    reachable(*role_specs(args, "builder_model", "task_model", "solver_model"))
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task("environment_builder")
 
         def on_event(node: str, value: dict) -> None:
             for d in value.get("decisions", []):
                 mark = "[green]accepted[/]" if d.accepted else "[yellow]rejected[/]"
-                console.print(f"{mark} {d.step} {escape(d.subject)} (attempt {d.attempt}): {escape('; '.join(d.reasons))[:400]}")
+                say(f"{mark} {d.step} {escape(d.subject)} (attempt {d.attempt}): {escape('; '.join(d.reasons))[:400]}")
             progress.update(bar, description=f"{node} done")
 
         run_id, final = asyncio.run(api.build_environment(
@@ -241,7 +356,7 @@ def envs_build(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        console.print(f"{result['status']}: {result['environment']} in {out}, {len(result['kept'])} validated task(s); "
+        say(f"{result['status']}: {result['environment']} in {out}, {len(result['kept'])} validated task(s); "
                       f"every decision in {result['log']}")
     return 0 if result["status"] == "built" and result["kept"] else 1
 
@@ -250,13 +365,13 @@ def add_envs_build(envs: argparse._SubParsersAction) -> None:
     build = envs.add_parser("build", help="build an environment and validated tasks from a theme; exit 1 if none is kept")
     build.add_argument("--theme", required=True, help="what the environment is about, in a few words")
     build.add_argument("--out", required=True, help="a new or empty directory for the environment")
-    build.add_argument("--model", default="local", help="local | openai:<model> | scripted:<name>")
-    build.add_argument("--builder-model", help="environment builder and tool coder (default: --model)")
-    build.add_argument("--task-model", help="task proposer (default: --model)")
-    build.add_argument("--solver-model", help="the independent solver (default: --model)")
-    build.add_argument("--tasks", type=int, default=3, help="tasks to propose")
-    build.add_argument("--max-attempts", type=int, default=3, help="drafts of the database, and of the tools, at most")
-    build.add_argument("--max-turns", type=int, default=12, help="solver turns per task")
+    build.add_argument("--model", default="local", type=model_spec, help="local | openai:<model> | scripted:<name>")
+    build.add_argument("--builder-model", type=model_spec, help="environment builder and tool coder (default: --model)")
+    build.add_argument("--task-model", type=model_spec, help="task proposer (default: --model)")
+    build.add_argument("--solver-model", type=model_spec, help="the independent solver (default: --model)")
+    build.add_argument("--tasks", type=positive_int, default=3, help="tasks to propose")
+    build.add_argument("--max-attempts", type=positive_int, default=3, help="drafts of the database, and of the tools, at most")
+    build.add_argument("--max-turns", type=positive_int, default=12, help="solver turns per task")
     build.add_argument("--run-id", help="resume this build")
     build.add_argument("--json", action="store_true")
     build.set_defaults(run=envs_build)
@@ -269,7 +384,13 @@ def run_eval(args: argparse.Namespace) -> int:
         args.pairs = args.pairs or recorded["pair_ids"]
         args.harness = args.harness or recorded["bundle"]
         args.trials, args.seed = args.trials or recorded["trials"], args.seed if args.seed is not None else recorded["seed"]
-    args.harness, args.trials, args.seed = args.harness or "H0", args.trials or 1, args.seed or 0
+        args.model, args.judge_model = args.model or recorded["model"], args.judge_model or recorded["judge"]
+    args.harness, args.trials, args.seed, args.model = args.harness or "H0", args.trials or 1, args.seed or 0, args.model or "local"
+    for option, spec in (("--model", args.model), ("--judge-model", args.judge_model)) if recorded else ():
+        try:  # read back from the ledger, not parsed: its credentials may be gone
+            model_spec(spec or args.model)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"{option} {spec} (run {args.run_id}'s): {exc}") from None
     pair_ids = args.pairs or split_pairs(args.split, catalog)
     if args.limit:
         pair_ids = pair_ids[: args.limit]
@@ -277,7 +398,9 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UsageError(f"no pairs in split {args.split!r}")
     for pair_id in pair_ids:
         _entry(args, pair_id)
-    context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, catalog=catalog,
+    judge = args.judge_model or args.model
+    reachable(("--model", args.model), ("--judge-model", args.judge_model))
+    context = Context(agent_model=args.model, judge_model=judge, catalog=catalog,
                       ledger=args.ledger, max_infra_retries=args.retries, max_turns=args.max_turns)
     total = 2 * len(pair_ids) * args.trials
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -297,6 +420,8 @@ def run_eval(args: argparse.Namespace) -> int:
         print(json.dumps({"run_id": run_id, "metrics": metrics.model_dump()}, indent=1))
     else:
         console.print(metrics_table(run_id, args.harness, args.model, metrics))
+    stop_note(f"hera eval --run-id {run_id} --model {args.model}" + (f" --judge-model {judge}" if judge != args.model else ""),
+              args.model, judge)
     return 0 if metrics.complete else 1
 
 
@@ -461,11 +586,12 @@ def evolve_harness(args: argparse.Namespace) -> int:
     context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.analyst_model or args.model,
                       optimizer_model=args.optimizer_model or args.model, catalog=args.catalog, ledger=args.ledger,
                       max_turns=args.max_turns)
+    reachable(("--model", args.model), *role_specs(args, "judge_model", "analyst_model", "optimizer_model"))
     per_eval = 2 * (len(pool) + len(validation))
     warning = gate_warning(len(validation) if args.rule == "hera" else len(pool), args.gate_level,
                            "validation" if args.rule == "hera" else "training")
     if warning:
-        console.print(f"[yellow]note:[/] {warning}")
+        say(f"[yellow]note:[/] {warning}")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task("evaluating the starting harness", total=per_eval * (args.candidates + 1))
 
@@ -477,7 +603,7 @@ def evolve_harness(args: argparse.Namespace) -> int:
                 for entry in value.get("lineage", {}).values():
                     if entry.problems:
                         progress.update(bar, advance=per_eval)
-                        console.print(f"[yellow]{entry.bundle_id} rejected:[/] {escape('; '.join(entry.problems))}")
+                        say(f"[yellow]{entry.bundle_id} rejected:[/] {escape('; '.join(entry.problems))}")
             elif node in ("failure_analyst", "fdcr", "harness_optimizer"):
                 progress.update(bar, description=f"{node} done")
 
@@ -492,7 +618,7 @@ def evolve_harness(args: argparse.Namespace) -> int:
         print(json.dumps({"run_id": run_id, "selected": final.get("selected"), "lineage": [e.model_dump() for e in lineage]}, indent=1, default=str))
     else:
         console.print(lineage_tree(run_id, lineage))
-        console.print(f"selected: {final.get('selected')}")
+        say(f"selected: {final.get('selected')}")
     return 0 if final.get("selected") else 1
 
 
@@ -524,6 +650,7 @@ def evolve_envs(args: argparse.Namespace) -> int:
     context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
                       proposer_model=args.proposer_model or args.model, reviewer_model=args.reviewer_model or args.model,
                       catalog=args.catalog, ledger=args.ledger)
+    reachable(("--model", args.model), *role_specs(args, "judge_model", "proposer_model", "reviewer_model"))
     diagnosis = load_diagnosis(args.diagnosis, context, args.catalog)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("designing proposals")
@@ -531,9 +658,9 @@ def evolve_envs(args: argparse.Namespace) -> int:
         def on_event(node: str, value: dict) -> None:
             for outcome in value.get("outcomes", {}).values():
                 style = "green" if outcome.status == "certified" else "yellow"
-                console.print(f"[{style}]{outcome.status}[/] {outcome.pair_id} after {outcome.rounds} round(s): {escape(outcome.reason[:200])}")
+                say(f"[{style}]{outcome.status}[/] {outcome.pair_id} after {outcome.rounds} round(s): {escape(outcome.reason[:200])}")
             for s in value.get("screenings", []):
-                console.print(f"batch {'admitted' if s['admitted'] else 'not admitted'}: failed to abstain on "
+                say(f"batch {'admitted' if s['admitted'] else 'not admitted'}: failed to abstain on "
                               f"{len(s['failed_to_abstain'])}/{len(s['batch'])} (needed {s['needed']})")
             progress.update(task, description=f"{node} done")
 
@@ -584,7 +711,7 @@ def lineage_show(args: argparse.Namespace) -> int:
     for run_id in dict.fromkeys(e.run_id for e in entries):
         console.print(lineage_tree(run_id, [e for e in entries if e.run_id == run_id]))
     if not entries:
-        console.print("no lineage recorded" + (f" for {args.run_id}" if args.run_id else ""))
+        say("no lineage recorded" + (f" for {args.run_id}" if args.run_id else ""))
     return 0
 
 
@@ -613,18 +740,14 @@ def report_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"run_id": args.run_id, "kind": built.kind, **{k: str(v) for k, v in paths.items()}}, indent=1))
         return 0
-    console.print(f"{escape(built.title)}: {len(built.sections)} section(s), {len(built.tables())} table(s), {len(built.figures())} figure(s)")
+    say(f"{escape(built.title)}: {len(built.sections)} section(s), {len(built.tables())} table(s), {len(built.figures())} figure(s)")
     for path in paths.values():
         print(path)
     return 0
 
 
 def transfer(args: argparse.Namespace) -> int:
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if not models:
-        raise UsageError("--models: expected model specs separated by commas, e.g. local,openai:gpt-4o-mini")
-    bundle = bundle_ref(args.ledger, args.harness)
-    harness = load_bundle(bundle)
+    models = args.models
     pair_ids = args.pairs or split_pairs(args.split, args.catalog)
     if args.limit:
         pair_ids = pair_ids[: args.limit]
@@ -633,6 +756,9 @@ def transfer(args: argparse.Namespace) -> int:
     for pair_id in pair_ids:
         _entry(args, pair_id)
     judge = args.judge_model or models[0]
+    reachable(*(("--models", m) for m in models), ("--judge-model", args.judge_model))
+    bundle = bundle_ref(args.ledger, args.harness)
+    harness = load_bundle(bundle)
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task(f"{harness.id} across {len(models)} models", total=2 * len(pair_ids) * args.trials * len(models))
@@ -648,6 +774,7 @@ def transfer(args: argparse.Namespace) -> int:
                                                            concurrency=args.concurrency, on_episode=advance))
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
+            stop_note(f"hera eval --run-id {run_id} --model {model} --judge-model {judge}", model, judge)
             results.append((model, run_id, metrics))
     built = transfer_report(Ledger(args.ledger), harness.id, judge, len(pair_ids), args.trials, results)
     paths = write_report(built, Path(args.out) if args.out else runs_dir() / "reports" / built.run_id, stem="transfer")
@@ -675,15 +802,15 @@ def _add_report_parsers(top) -> None:
     rp.set_defaults(run=report_run)
     tr = top.add_parser("transfer", help="one frozen harness across models: the Abstain/Act/Pair/Over-abstain matrix")
     tr.add_argument("--harness", required=True, help="bundle directory, built-in name or lineage id")
-    tr.add_argument("--models", required=True, help="model specs separated by commas")
-    tr.add_argument("--judge-model", help="the abstention judge, fixed across models (default: the first of --models)")
+    tr.add_argument("--models", required=True, type=model_specs, help="model specs separated by commas")
+    tr.add_argument("--judge-model", type=model_spec, help="the abstention judge, fixed across models (default: the first of --models)")
     tr.add_argument("--split", default="bench", choices=["train", "validation", "bench"])
-    tr.add_argument("--pairs", nargs="*", help="pair ids (default: the whole split)")
-    tr.add_argument("--limit", type=int, help="only the first N pairs")
-    tr.add_argument("--trials", type=int, default=1)
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--concurrency", type=int, default=1)
-    tr.add_argument("--retries", type=int, default=2, help="re-runs of an episode after an infrastructure error")
+    tr.add_argument("--pairs", nargs="+", type=pair_id, action=Distinct, help="pair ids (default: the whole split)")
+    tr.add_argument("--limit", type=positive_int, help="only the first N pairs")
+    tr.add_argument("--trials", type=positive_int, default=1)
+    tr.add_argument("--seed", type=non_negative_int, default=0)
+    tr.add_argument("--concurrency", type=positive_int, default=1)
+    tr.add_argument("--retries", type=non_negative_int, default=2, help="re-runs of an episode after an infrastructure error")
     tr.add_argument("--out", help="directory (default: runs/reports/transfer-<id>)")
     tr.add_argument("--json", action="store_true")
     tr.set_defaults(run=transfer)
@@ -737,6 +864,7 @@ def _method(name: str, args: argparse.Namespace, settings: dict, pairs: dict[str
 
 
 def _method_context(args: argparse.Namespace, settings: dict) -> Context:
+    reachable(("--model", args.model), ("--judge-model", args.judge_model))
     return Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
                    optimizer_model=args.model, proposer_model=args.model, reviewer_model=args.model,
                    catalog=args.catalog, ledger=args.ledger, max_turns=settings.pop("max_turns"))
@@ -750,7 +878,7 @@ def _gate_note(settings: dict, pairs: dict[str, list[str]]) -> None:
     """Says before a run starts when its selection gate can never pass."""
     warning = gate_warning(len(pairs["validation"]), settings["gate_level"])
     if warning:
-        console.print(f"[yellow]note:[/] {warning}")
+        say(f"[yellow]note:[/] {warning}")
 
 
 def coevolve(args: argparse.Namespace) -> int:
@@ -768,7 +896,7 @@ def coevolve(args: argparse.Namespace) -> int:
         ledger = Ledger(args.ledger)  # what each round's harness-evolution block adopted or kept, and why
         for block in dict.fromkeys(r["harness_run"] for r in ledger.rounds(result["run_id"]) if r.get("harness_run")):
             console.print(lineage_tree(block, ledger.lineage(block)))
-        console.print(f"report: {paths['html']}")
+        say(f"report: {paths['html']}")
     return 0 if result["bench"] is None or result["bench"]["complete"] else 1
 
 
@@ -796,16 +924,16 @@ def compare(args: argparse.Namespace) -> int:
 def _add_coevolution_parsers(top) -> None:
     def protocol(sub) -> None:
         sub.add_argument("--preset", default="quick", choices=list(PRESETS), help="pool sizes and budgets (default: quick)")
-        sub.add_argument("--model", default="local", help="every role's model")
-        sub.add_argument("--judge-model")
+        sub.add_argument("--model", default="local", type=model_spec, help="every role's model")
+        sub.add_argument("--judge-model", type=model_spec)
         overrides = {"train": "training pairs at the start", "validation": "validation pairs", "bench": "bench pairs scored at the end",
                      "rounds": "co-evolution rounds", "proposers": "mutation proposals per design round",
                      "batch_size": "pairs per screened batch", "candidates": "harness candidates per block",
                      "budget": "design rounds per admitted batch", "max_turns": "a cap on every episode's turns"}
         for key, what in overrides.items():
-            sub.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"{what} (default: the preset's)")
-        sub.add_argument("--tau", type=float, help="batch admission threshold (default 0.4)")
-        sub.add_argument("--gate-level", type=float, help=f"the selection gate's sign-test level (default {GATE_LEVEL:g})")
+            sub.add_argument(f"--{key.replace('_', '-')}", type=non_negative_int if key == "bench" else positive_int, help=f"{what} (default: the preset's)")
+        sub.add_argument("--tau", type=share, help="batch admission threshold (default 0.4)")
+        sub.add_argument("--gate-level", type=level, help=f"the selection gate's sign-test level (default {GATE_LEVEL:g})")
         sub.add_argument("--run-id", help="resume this run")
         sub.add_argument("--json", action="store_true")
 
@@ -915,7 +1043,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def add_serve(top: argparse._SubParsersAction) -> None:
     sv = top.add_parser("serve", help="serve the graphs to LangGraph Studio and over the LangGraph API (langgraph dev, 127.0.0.1)")
-    sv.add_argument("--port", type=int, default=2024, help="port to ask for (default 2024; a free one is taken if it is busy)")
+    sv.add_argument("--port", type=port_number, default=2024, help="port to ask for (default 2024; a free one is taken if it is busy)")
     sv.add_argument("--no-browser", action="store_true", help="do not open Studio in the browser")
     sv.set_defaults(run=serve)
 
@@ -936,11 +1064,11 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true")
     show.set_defaults(run=envs_show)
     cert = envs.add_parser("certify", help="certify pairs; exit 1 if any check fails")
-    cert.add_argument("pairs", nargs="*")
+    cert.add_argument("pairs", nargs="*", type=pair_id, action=Distinct)
     cert.add_argument("--all", action="store_true")
     cert.add_argument("--json", action="store_true")
     cert.add_argument("-v", "--verbose", action="store_true", help="show every check of every pair")
-    cert.add_argument("--rescue-budget", type=int, default=MAX_CALLS, help=f"read calls per rescue search (default {MAX_CALLS})")
+    cert.add_argument("--rescue-budget", type=positive_int, default=MAX_CALLS, help=f"read calls per rescue search (default {MAX_CALLS})")
     cert.set_defaults(run=envs_certify)
     serve = envs.add_parser("serve", help="serve one side of a pair as an MCP server on stdio")
     serve.add_argument("pair")
@@ -950,16 +1078,16 @@ def parser() -> argparse.ArgumentParser:
     ev = top.add_parser("eval", help="run a harness on both sides of pairs and score it")
     ev.add_argument("--harness", help="bundle name or directory (default H0)")
     ev.add_argument("--split", default="bench", choices=["train", "validation", "bench"])
-    ev.add_argument("--pairs", nargs="*", help="pair ids (default: the whole split)")
-    ev.add_argument("--limit", type=int, help="only the first N pairs")
-    ev.add_argument("--model", default="local", help="local | openai:<model> | scripted:<name>")
-    ev.add_argument("--judge-model", help="model of the abstention judge (default: --model)")
-    ev.add_argument("--trials", type=int, help="trials per pair and side (default 1)")
-    ev.add_argument("--seed", type=int)
-    ev.add_argument("--concurrency", type=int, default=1)
-    ev.add_argument("--retries", type=int, default=2, help="re-runs of an episode after an infrastructure error")
-    ev.add_argument("--max-turns", type=int, help="a cap on every episode's turns (default: the harness's own limit)")
-    ev.add_argument("--run-id", help="resume this run (its recorded harness, pairs, trials and seed)")
+    ev.add_argument("--pairs", nargs="+", type=pair_id, action=Distinct, help="pair ids (default: the whole split)")
+    ev.add_argument("--limit", type=positive_int, help="only the first N pairs")
+    ev.add_argument("--model", type=model_spec, help="local | openai:<model> | scripted:<name> (default local, or the resumed run's)")
+    ev.add_argument("--judge-model", type=model_spec, help="model of the abstention judge (default: --model)")
+    ev.add_argument("--trials", type=positive_int, help="trials per pair and side (default 1)")
+    ev.add_argument("--seed", type=non_negative_int)
+    ev.add_argument("--concurrency", type=positive_int, default=1)
+    ev.add_argument("--retries", type=non_negative_int, default=2, help="re-runs of an episode after an infrastructure error")
+    ev.add_argument("--max-turns", type=positive_int, help="a cap on every episode's turns (default: the harness's own limit)")
+    ev.add_argument("--run-id", help="resume this run (its recorded harness, pairs, trials, seed and models)")
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(run=run_eval)
     runs = top.add_parser("runs", help="evaluation runs").add_subparsers(dest="runs_command", required=True)
@@ -984,41 +1112,41 @@ def parser() -> argparse.ArgumentParser:
     evo.add_argument("--base", default="H0", help="starting bundle (default H0)")
     evo.add_argument("--pool", default="train", choices=["train", "validation", "bench"], help="split of the training pool")
     evo.add_argument("--val", default="validation", choices=["train", "validation", "bench"], help="split of the validation set")
-    evo.add_argument("--pool-size", type=int, default=None, help="only the first N pool pairs")
-    evo.add_argument("--val-size", type=int, default=None, help="only the first N validation pairs")
-    evo.add_argument("--pool-pairs", nargs="*", help="explicit pool pair ids")
-    evo.add_argument("--val-pairs", nargs="*", help="explicit validation pair ids")
-    evo.add_argument("--candidates", type=int, default=4)
+    evo.add_argument("--pool-size", type=positive_int, default=None, help="only the first N pool pairs")
+    evo.add_argument("--val-size", type=positive_int, default=None, help="only the first N validation pairs")
+    evo.add_argument("--pool-pairs", nargs="+", type=pair_id, action=Distinct, help="explicit pool pair ids")
+    evo.add_argument("--val-pairs", nargs="+", type=pair_id, action=Distinct, help="explicit validation pair ids")
+    evo.add_argument("--candidates", type=positive_int, default=4)
     evo.add_argument("--mode", default="fdcr", choices=["fdcr", "aggregate", "serial"])
     evo.add_argument("--channel", default="structured", choices=["structured", "code"],
                      help="structured edits (small models) or free code edits with file tools (stronger endpoints)")
-    evo.add_argument("--rounds", type=int, default=2, help="FDCR review rounds")
+    evo.add_argument("--rounds", type=non_negative_int, default=2, help="FDCR review rounds")
     evo.add_argument("--rule", default="hera", choices=["hera", "ecdysis"], help="selection rule")
-    evo.add_argument("--gate-level", type=float, default=GATE_LEVEL,
+    evo.add_argument("--gate-level", type=level, default=GATE_LEVEL,
                      help=f"the selection gate's sign-test level (default {GATE_LEVEL:g}; it needs at least {min_pairs()} pairs)")
-    evo.add_argument("--model", default="local")
-    evo.add_argument("--judge-model")
-    evo.add_argument("--analyst-model", help="failure analyst and review roles (default: --model)")
-    evo.add_argument("--optimizer-model", help="the coding agent (default: --model)")
-    evo.add_argument("--max-turns", type=int, help="a cap on every episode's turns (default: the harness's own limit)")
+    evo.add_argument("--model", default="local", type=model_spec)
+    evo.add_argument("--judge-model", type=model_spec)
+    evo.add_argument("--analyst-model", type=model_spec, help="failure analyst and review roles (default: --model)")
+    evo.add_argument("--optimizer-model", type=model_spec, help="the coding agent (default: --model)")
+    evo.add_argument("--max-turns", type=positive_int, help="a cap on every episode's turns (default: the harness's own limit)")
     evo.add_argument("--run-id", help="resume this run")
     evo.add_argument("--json", action="store_true")
     evo.set_defaults(run=evolve_harness)
     ee = top.add_parser("evolve-envs", help="grow the training pool: mutation proposals → review → certification → batch screening")
     ee.add_argument("--diagnosis", required=True, help="a Diagnosis JSON file, or an evaluation run on training pairs")
-    ee.add_argument("--model", default="local")
-    ee.add_argument("--judge-model")
-    ee.add_argument("--proposer-model", help="environment designer and mutation proposers (default: --model)")
-    ee.add_argument("--reviewer-model", help="semantic and rescue reviewers (default: --model)")
+    ee.add_argument("--model", default="local", type=model_spec)
+    ee.add_argument("--judge-model", type=model_spec)
+    ee.add_argument("--proposer-model", type=model_spec, help="environment designer and mutation proposers (default: --model)")
+    ee.add_argument("--reviewer-model", type=model_spec, help="semantic and rescue reviewers (default: --model)")
     ee.add_argument("--harness", default="H0", help="the current harness, which screens each batch")
-    ee.add_argument("--parents", nargs="*", help="training pairs to mutate (default: the first --pool-size of the train split)")
-    ee.add_argument("--pool-size", type=int, default=20)
-    ee.add_argument("--proposers", type=int, default=5, help="proposals per design round")
-    ee.add_argument("--max-refinements", type=int, default=2)
-    ee.add_argument("--batch-size", type=int, default=5)
-    ee.add_argument("--tau", type=float, default=0.4, help="admit a batch when the harness fails to abstain on this share of it")
-    ee.add_argument("--batches", type=int, default=1, help="batches to admit")
-    ee.add_argument("--budget", type=int, default=3, help="design rounds at most")
+    ee.add_argument("--parents", nargs="+", type=pair_id, action=Distinct, help="training pairs to mutate (default: the first --pool-size of the train split)")
+    ee.add_argument("--pool-size", type=positive_int, default=20)
+    ee.add_argument("--proposers", type=positive_int, default=5, help="proposals per design round")
+    ee.add_argument("--max-refinements", type=non_negative_int, default=2)
+    ee.add_argument("--batch-size", type=positive_int, default=5)
+    ee.add_argument("--tau", type=share, default=0.4, help="admit a batch when the harness fails to abstain on this share of it")
+    ee.add_argument("--batches", type=positive_int, default=1, help="batches to admit")
+    ee.add_argument("--budget", type=positive_int, default=3, help="design rounds at most")
     ee.add_argument("--run-id", help="resume this run")
     ee.add_argument("--json", action="store_true")
     ee.set_defaults(run=evolve_envs)
@@ -1042,7 +1170,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (UsageError, SpecError) as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # a path must stay one piece to be copied
+        say(f"[red]error:[/] {escape(str(exc))}")
         return 2
 
 

@@ -4,8 +4,10 @@
 by environment; `fan_out_episodes` sends one `EpisodeTask` per pair × side ×
 trial, in that order, to `episode_worker`, which
 reuses a finished episode from the rollout cache (the ledger) or runs, grades
-and stores it, re-running infrastructure errors; `scorer` computes the
-metrics. Concurrency is bounded by the caller's `max_concurrency`.
+and stores it, re-running infrastructure errors, and runs nothing more once a
+model's endpoint is down (`roles.models.endpoint_down`), which leaves the run
+incomplete for a resume; `scorer` computes the metrics. Concurrency is
+bounded by the caller's `max_concurrency`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from graphs.metrics import Metrics, score
 from harness.bundle import load_bundle
 from harness.check import check_bundle
 from roles.abstention_judge import abstention_judge
-from roles.models import InfrastructureError
+from roles.models import InfrastructureError, endpoint_down
 from state.context import Context, EpisodeRequest
 from state.ledger import Ledger
 from state.records import EpisodeKey, EpisodeRecord, Grade, merge
@@ -108,19 +110,22 @@ def fan_out_episodes(state: EvaluateState) -> list[Send]:
 
 
 async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
-    """Reuses or runs, grades and stores one episode; writes `results`."""
+    """Reuses or runs, grades and stores one episode, unless the agent's or the judge's endpoint is down; writes `results`."""
     ctx, request = runtime.context, task["request"]
     ledger = await asyncio.to_thread(Ledger, ctx.ledger)
     entry, key, cached = await asyncio.to_thread(_lookup, request, ctx, ledger)
     if cached is not None:
         await asyncio.to_thread(ledger.record_episode, task["run_id"], cached, True)
         return {"results": {key.id: cached}}
+    record = None
     for attempt in range(ctx.max_infra_retries + 1):
+        if endpoint_down(ctx.agent_model, ctx.judge_model):
+            break
         record = await _attempt(entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
         await asyncio.to_thread(ledger.record_episode, task["run_id"], record)
         if record.status == "done":
             break
-    return {"results": {key.id: record}}
+    return {"results": {key.id: record}} if record is not None else {}
 
 
 def _lookup(request: EpisodeRequest, ctx: Context, ledger: Ledger) -> tuple[Entry, EpisodeKey, EpisodeRecord | None]:

@@ -6,11 +6,16 @@ embedded llama.cpp model of `roles.local_model`, which writes its tool calls as
 text, so its conversations go through the adapter of `roles.tool_calls`.
 `scripted:<name>` replays a script registered in `roles.scripted` (tests).
 
-Every call has a timeout. Endpoint trouble (HTTP 429 and 5xx, connection
+Every call has a timeout, and replies are streamed so that a silent endpoint
+is noticed within the idle timeout (HERA_IDLE_TIMEOUT_S, 45 s: before the
+first token and between tokens) rather than the call's. Endpoint trouble (HTTP 429 and 5xx, connection
 errors, timeouts, malformed bodies, replies cut off with nothing usable) is
 retried with exponential backoff and jitter, then raised as
 `InfrastructureError`, which callers record and re-run instead of scoring it
-as an agent failure (DESIGN.md §7). Each call's usage is recorded for the
+as an agent failure (DESIGN.md §7). An endpoint that `TRIP_AFTER` calls in a
+row could not reach (refused, or silent past their timeouts) is down: later
+calls fail at once and an evaluation stops (`endpoint_down`); `endpoint_problem`
+asks an endpoint once before a run. Each call's usage is recorded for the
 caller's role, priced from the table in HERA_MODEL_PRICES.
 """
 
@@ -25,8 +30,9 @@ import time
 import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Literal, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Awaitable, Callable, Coroutine, Literal, Protocol, Sequence, TypeVar, runtime_checkable
 
+import httpx
 import openai
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage, messages_to_dict
 from langchain_openai import ChatOpenAI
@@ -55,6 +61,13 @@ MAX_BACKOFF_S = 60.0
 # A structured reply longer than this is a model going round in its grammar (seen: a 1.5B model past 2,000
 # tokens of one JSON reply at 3 tokens/s); it is cut off and asked again, not waited for.
 STRUCTURED_MAX_TOKENS = 1536
+IDLE_TIMEOUT_S = 45.0
+PROBE_TIMEOUT_S = 10.0
+TRIP_AFTER = 3  # calls in a row, each after its own retries, that found no endpoint answering
+UNREACHABLE = ("connection", "timeout")
+# The embedded model reads a prompt at about 30 tokens/s on two cores (README), so a full 16k-token slot
+# without a cached prefix takes some 550 s before its first token; a server that is alive is given that time.
+LOCAL_FIRST_TOKEN_S = 900.0
 LOCAL_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "extra_body": {"top_k": 20, "repeat_penalty": 1.05}}
 T = TypeVar("T")
 ActionMode = Literal["text", "structured"]
@@ -84,7 +97,7 @@ class ContextLimitError(Exception):
     harness's failure; it is not an infrastructure error."""
 
 
-CONTEXT_MARKERS = ("context size", "context length", "context_length", "maximum context", "too many tokens")
+CONTEXT_MARKERS = ("context size", "context length", "context_length", "maximum context", "too many tokens", "context window")
 
 
 @dataclass(frozen=True)
@@ -117,19 +130,33 @@ class ChatModel(Protocol):
 
 
 def chat_model(
-    spec: str, *, role: str, timeout_s: float = 180.0, max_retries: int = 4, retry_base_s: float | None = None
+    spec: str, *, role: str, timeout_s: float = 180.0, max_retries: int = 4, retry_base_s: float | None = None,
+    idle_timeout_s: float | None = None,
 ) -> ChatModel:
     """The model named by `spec`, recording usage under `role`.
 
     `retry_base_s` is the first backoff delay (doubling per retry, with
-    jitter); it defaults to HERA_RETRY_BASE_S or 1 s.
+    jitter); it defaults to HERA_RETRY_BASE_S or 1 s. `idle_timeout_s` is the
+    longest silence of an endpoint before a reply's first token or between
+    two tokens; it defaults to HERA_IDLE_TIMEOUT_S or 45 s.
     """
     if retry_base_s is None:
-        try:
-            retry_base_s = float(os.environ.get("HERA_RETRY_BASE_S", "1.0"))
-        except ValueError:
-            raise ValueError(f"HERA_RETRY_BASE_S must be a number of seconds; got {os.environ['HERA_RETRY_BASE_S']!r}") from None
-    return JournaledModel(_provider_model(spec, role, {"timeout_s": timeout_s, "max_retries": max_retries, "retry_base_s": retry_base_s}))
+        retry_base_s = _seconds("HERA_RETRY_BASE_S", 1.0)
+    if idle_timeout_s is None:
+        idle_timeout_s = _seconds("HERA_IDLE_TIMEOUT_S", IDLE_TIMEOUT_S, positive=True)
+    return JournaledModel(_provider_model(spec, role, {"timeout_s": timeout_s, "max_retries": max_retries, "retry_base_s": retry_base_s,
+                                                       "idle_timeout_s": idle_timeout_s}))
+
+
+def _seconds(variable: str, default: float, positive: bool = False) -> float:
+    raw = os.environ.get(variable)
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if value < 0 or positive and value == 0:
+        raise ValueError(f"{variable} must be a {'positive ' if positive else ''}number of seconds; got {raw!r}")
+    return value
 
 
 def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatModel:
@@ -141,20 +168,62 @@ def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatMo
         return OpenAICompatibleModel(
             spec, role=role, model=QWEN_CODER_1_5B.name, record_as=f"local:{QWEN_CODER_1_5B.name}",
             base_url=_local_base_url, api_key="local", text_tools=True, sampling=sampling,
-            **reliability,
+            first_token_s=max(LOCAL_FIRST_TOKEN_S, reliability["idle_timeout_s"]), **reliability,
         )
     if provider == "openai" and name:
         api_key = os.environ.get("OPENAI_API_KEY")
         if not api_key:
             raise ValueError(f"model spec {spec!r} needs OPENAI_API_KEY (any value for a server without keys)")
-        base_url = os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL") or None
-        return OpenAICompatibleModel(spec, role=role, model=name, record_as=spec, base_url=base_url,
+        return OpenAICompatibleModel(spec, role=role, model=name, record_as=spec, base_url=_openai_base_url(),
                                      api_key=api_key, **reliability)
     if provider == "scripted" and name:
         from roles.scripted import ScriptedModel
 
         return ScriptedModel(name, role=role)
     raise ValueError(f"unknown model spec {spec!r}: expected 'openai:<model>', 'local' or 'scripted:<name>'")
+
+
+def _openai_base_url() -> str | None:
+    return os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL") or None
+
+
+def endpoint_problem(spec: str, timeout_s: float | None = None) -> str | None:
+    """Why the endpoint behind `spec` cannot serve a run, from one `GET /models` (a refused or failed connection,
+    no answer within `timeout_s`, a rejected key); None when it answers. Only `openai:` specs have an endpoint
+    to ask: the local server starts on demand, and scripted models have none."""
+    if spec.partition(":")[0] != "openai":
+        return None
+    if timeout_s is None:
+        timeout_s = min(PROBE_TIMEOUT_S, _seconds("HERA_IDLE_TIMEOUT_S", IDLE_TIMEOUT_S, positive=True))
+    base_url = (_openai_base_url() or "https://api.openai.com/v1").rstrip("/")
+    try:
+        answer = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', '')}"},
+                           timeout=timeout_s)
+    except httpx.TimeoutException:
+        return f"{base_url} did not answer within {timeout_s:g} s"
+    except (httpx.HTTPError, httpx.InvalidURL) as error:
+        return f"{base_url} is unreachable ({error or type(error).__name__})"
+    if answer.status_code in (401, 403):
+        return f"{base_url} refused the key in OPENAI_API_KEY (HTTP {answer.status_code})"
+    return None
+
+
+_unreachable: dict[str, list[str]] = {}  # spec -> its calls in a row that found no endpoint answering
+
+
+def endpoint_down(*specs: str) -> str | None:
+    """Why a run on these specs should stop now: one whose last `TRIP_AFTER` calls found no endpoint answering."""
+    for spec in specs:
+        failed = _unreachable.get(spec, [])
+        if len(failed) >= TRIP_AFTER:
+            return f"{spec}: {len(failed)} calls in a row found no endpoint answering (last: {failed[-1]})"
+    return None
+
+
+def reset_endpoints(*specs: str) -> None:
+    """Gives these specs' endpoints (without specs, every one) a fresh start: a new evaluation tries them again."""
+    for spec in specs or list(_unreachable):
+        _unreachable.pop(spec, None)
 
 
 class JournaledModel:
@@ -186,8 +255,8 @@ class JournaledModel:
             data = json.loads(text)
             return Completion(AIMessage.model_validate(data["message"]), UsageRecord.model_validate(data["usage"]), data["truncated"])
 
-        return await journaled(request, lambda: self.model.complete(messages, tools, max_tokens=max_tokens, temperature=temperature,
-                                                                    action_mode=action_mode), dump, load)
+        return await self._watched(journaled(request, lambda: self.model.complete(
+            messages, tools, max_tokens=max_tokens, temperature=temperature, action_mode=action_mode), dump, load))
 
     async def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, UsageRecord]:
         request = self._request("structured", messages, schema=schema.model_json_schema())
@@ -199,7 +268,25 @@ class JournaledModel:
             data = json.loads(text)
             return schema.model_validate(data["value"]), UsageRecord.model_validate(data["usage"])
 
-        return await journaled(request, lambda: self.model.structured(messages, schema), dump, load)
+        return await self._watched(journaled(request, lambda: self.model.structured(messages, schema), dump, load))
+
+    async def _watched(self, call: Coroutine[Any, Any, T]) -> T:
+        """`call`, counted against its endpoint: not made while the endpoint is down, a failure to reach it
+        counted, any answer (a bad one too) clearing the count."""
+        down = endpoint_down(self.spec)
+        if down:
+            call.close()
+            raise InfrastructureError("connection", f"not tried: {down}", self.spec)
+        try:
+            result = await call
+        except InfrastructureError as error:
+            if error.kind in UNREACHABLE:
+                _unreachable.setdefault(self.spec, []).append(f"{error.kind}: {error.detail}"[:300])
+            else:  # an endpoint that answers, if badly, is up
+                _unreachable.pop(self.spec, None)
+            raise
+        _unreachable.pop(self.spec, None)
+        return result
 
 
 def model_prices() -> dict[str, tuple[float, float, float]]:
@@ -314,14 +401,20 @@ class OpenAICompatibleModel:
     crashed server); and calls go one at a time, each call's timeout starting
     when its turn comes, because the server has one slot and a request queued
     behind others is not a slow endpoint.
+
+    Replies are streamed: no chunk within `first_token_s` (default
+    `idle_timeout_s`) of the request, or within `idle_timeout_s` of the last
+    chunk, is a timeout, while `timeout_s` bounds the whole reply.
     """
 
     def __init__(self, spec: str, *, role: str, model: str, record_as: str,
                  base_url: str | None | Callable[[], Awaitable[str]], api_key: str,
                  timeout_s: float, max_retries: int, retry_base_s: float, text_tools: bool = False,
-                 sampling: dict[str, Any] | None = None):
+                 sampling: dict[str, Any] | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 first_token_s: float | None = None):
         self.spec, self.role, self.model, self.record_as = spec, role, model, record_as
         self.timeout_s, self.max_retries, self.retry_base_s = timeout_s, max_retries, retry_base_s
+        self.idle_timeout_s, self.first_token_s = idle_timeout_s, first_token_s or idle_timeout_s
         self.text_tools, self.own_server = text_tools, callable(base_url)
         self._base_url, self._api_key, self._sampling = base_url, api_key, dict(sampling or {})
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ChatOpenAI] = weakref.WeakKeyDictionary()
@@ -406,7 +499,10 @@ class OpenAICompatibleModel:
             self._clients[loop] = ChatOpenAI(
                 model=self.model, api_key=self._api_key, base_url=base_url, timeout=self.timeout_s, max_retries=0,
                 use_responses_api=False, http_async_client=openai.DefaultAsyncHttpxClient(trust_env=not self.own_server),
-                **self._sampling)
+                stream_usage=True, stream_chunk_timeout=None, **self._sampling)
+            # Structured replies stream through `client.beta`, whose modules load on first use (0.3 s): here, off
+            # the event loop, rather than inside the first call's timeout.
+            await asyncio.to_thread(lambda: self._clients[loop].root_async_client.beta)
         return self._clients[loop]
 
     def _gate(self):
@@ -420,7 +516,7 @@ class OpenAICompatibleModel:
         async with self._gate():
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    return await client.ainvoke(messages, **options)
+                    return await self._stream(client, messages, options)
             except TimeoutError as error:
                 raise _Failure("timeout", f"no reply within {self.timeout_s:g} s") from error
             except openai.APIStatusError as error:
@@ -432,7 +528,7 @@ class OpenAICompatibleModel:
                     self._clients.pop(asyncio.get_running_loop(), None)
                 if _cut_off(error):
                     raise _Failure("truncated", "the response body was cut off") from error
-                raise _Failure("connection", str(error.__cause__ or error)) from error
+                raise _Failure("connection", _root_cause(error)) from error
             except openai.LengthFinishReasonError as error:
                 raise _Failure("truncated", "the reply hit the token limit") from error
             except openai.APIResponseValidationError as error:
@@ -440,9 +536,37 @@ class OpenAICompatibleModel:
             except json.JSONDecodeError as error:
                 kind = "truncated" if _ends_early(error) else "malformed"
                 raise _Failure(kind, f"the response body is not JSON: {error.msg} at {error.pos}") from error
+            except openai.APIError as error:  # an error event in the middle of a stream
+                if any(m in str(error).lower() for m in CONTEXT_MARKERS):
+                    raise ContextLimitError(str(error)[:200]) from error
+                raise _Failure("server_error", f"the stream broke off: {str(error)[:200]}") from error
+            except httpx.TimeoutException as error:
+                raise _Failure("timeout", f"the stream stalled: {type(error).__name__}") from error
+            except httpx.TransportError as error:  # raised while reading a stream, where openai does not wrap it
+                if _cut_off(error):
+                    raise _Failure("truncated", "the response body was cut off") from error
+                raise _Failure("connection", str(error) or type(error).__name__) from error
             except (ValueError, TypeError, KeyError) as error:
                 # ChatOpenAI raises these when a 200 body is not a chat completion (no choices, an error object, HTML).
                 raise _Failure("malformed", f"the response is not a chat completion: {str(error)[:200]}") from error
+
+    async def _stream(self, client: ChatOpenAI, messages: list[BaseMessage], options: dict[str, Any]) -> AIMessage:
+        """The reply's chunks added up; silence longer than the first-token or the idle allowance is a timeout."""
+        loop, reply = asyncio.get_running_loop(), None
+        try:
+            async with asyncio.timeout(self.first_token_s) as idle:
+                async for chunk in client.astream(messages, **options):
+                    reply = chunk if reply is None else reply + chunk
+                    idle.reschedule(loop.time() + self.idle_timeout_s)
+        except TimeoutError as error:
+            if not idle.expired():
+                raise
+            silent = (f"no token within {self.first_token_s:g} s of the request" if reply is None
+                      else f"no token for {self.idle_timeout_s:g} s mid-reply")
+            raise _Failure("timeout", f"{silent} (HERA_IDLE_TIMEOUT_S)") from error
+        if reply is None:
+            raise _Failure("malformed", "the response is not a chat completion stream: it carried no chunk")
+        return reply
 
     def _usage(self, reply: AIMessage, latency_s: float) -> UsageRecord:
         usage = reply.usage_metadata or {}
@@ -473,6 +597,13 @@ def _retry_after(error: openai.APIStatusError) -> float | None:
         return float(error.response.headers.get("retry-after", ""))
     except ValueError:
         return None
+
+
+def _root_cause(error: BaseException) -> str:
+    """The innermost cause's message: the wrappers' own say only "Connection error."."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return str(error) or type(error).__name__
 
 
 def _cut_off(error: BaseException) -> bool:

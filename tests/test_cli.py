@@ -60,3 +60,20 @@ def test_eval_rejects_a_bundle_with_a_broken_hook(capsys, tmp_path, monkeypatch)
     code, _, err = run(capsys, tmp_path, "eval", "--harness", str(bundle), "--pairs", "shop-reserve-drill", "--model", "scripted:none")
     assert code == 2
     assert "Harness.compose_instructions: raised RuntimeError: boom" in " ".join(err.split())
+
+
+def test_errors_and_paths_stay_on_one_line_at_any_width(capsys, tmp_path, monkeypatch):
+    from graphs import cli
+
+    monkeypatch.setattr(cli.console, "width", 40)  # what rich does to a non-terminal stderr, only narrower
+    catalog = tmp_path / ("deep-" * 20) / "catalog"
+    shutil.copytree(FIXTURES / "shop", catalog / "shop")
+    (catalog / "shop" / "rows" / "items.json").write_text('[{"sku": "A", "name": "x", "price": "free", "stock": 1}]')
+    assert main(["--catalog", str(catalog), "envs", "list"]) == 2
+    assert f"error: {catalog}/shop/rows/items.json: [0].price: a real (got 'free')" in capsys.readouterr().err.splitlines()
+    out = tmp_path / ("long-" * 20) / "out"
+    (out / "x").mkdir(parents=True)
+    assert main(["envs", "build", "--theme", "shop", "--out", str(out), "--model", "scripted:none"]) == 2
+    assert f"error: --out {out}: not empty; give a new or empty directory (or --run-id to resume)" in capsys.readouterr().err.splitlines()
+    code, _, err = run(capsys, tmp_path, "envs", "certify", "--all")
+    assert code == 1 and "problem: category ambiguous_entity has 0 pairs; expected at least 4" in err.splitlines()

@@ -15,7 +15,7 @@ import pytest
 from graphs import api
 from graphs.cli import main
 from roles import scripted
-from roles.models import ContextLimitError, InfrastructureError
+from roles.models import ContextLimitError, InfrastructureError, endpoint_down
 from state.context import Context
 from state.ledger import Ledger
 from tests.conftest import FIXTURES
@@ -120,6 +120,24 @@ def test_unrecovered_infrastructure_error_leaves_an_incomplete_run(context):
     assert m.percent is None and m.counts["abstain"] == 1 and m.totals["act"] == 0
     errors = [a for a in Ledger(context.ledger).attempts(run_id) if a["status"] == "infrastructure_error"]
     assert len(errors) == 1 and "timeout" in errors[0]["error"]
+
+
+def test_an_endpoint_lost_mid_run_stops_it_and_a_resume_loses_nothing(context):
+    lost = InfrastructureError("connection", "refused")
+    scripted.register("agent", [shop_agent] * 5 + [lost] * 3)  # trial 0 finishes; trial 1's act side twice, abstain once
+    scripted.register("judge", [shop_judge] * 2)
+    run_id, m = evaluate(context, trials=2)
+    scripted.assert_consumed()  # the last episode was never started: the endpoint was down
+    assert not m.complete and (m.planned, m.finished) == (4, 2)
+    assert endpoint_down("scripted:agent").startswith("scripted:agent: 3 calls in a row found no endpoint answering")
+    statuses = [a["status"] for a in Ledger(context.ledger).attempts(run_id)]
+    assert statuses == ["done", "done", "infrastructure_error", "infrastructure_error", "infrastructure_error"]
+    scripted.register("agent", [shop_agent] * 5)  # back: the resume runs only trial 1
+    scripted.register("judge", [])  # trial 1's answers are trial 0's, whose verdicts the ledger keeps
+    assert evaluate(context, trials=2, run_id=run_id)[1].complete
+    scripted.assert_consumed()
+    statuses = [a["status"] for a in Ledger(context.ledger).attempts(run_id)]
+    assert statuses.count("reused") == 2 and statuses.count("done") == 4
 
 
 def test_resume_after_sigkill_runs_no_finished_episode_twice(tmp_path):

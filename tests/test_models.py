@@ -15,12 +15,16 @@ from roles import scripted
 from roles.models import (
     ContextLimitError,
     ChatModel,
+    IDLE_TIMEOUT_S,
     InfrastructureError,
+    LOCAL_FIRST_TOKEN_S,
     OpenAICompatibleModel,
     STRUCTURED_MAX_TOKENS,
     backoff_s,
     chat_model,
     cost_usd,
+    endpoint_down,
+    reset_endpoints,
     response_format,
 )
 from roles.scripted import ScriptError
@@ -264,18 +268,33 @@ def chat_body(content="hello", *, tool_calls=None, finish_reason="stop", usage=(
                       "prompt_tokens_details": {"cached_tokens": usage[2]}}}
 
 
+def sse(body: dict) -> bytes:
+    """A chat completion body as the chunks an endpoint streams for `"stream": true`, usage last."""
+    choice = body["choices"][0]
+    head = {"id": body["id"], "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
+    deltas = [{"role": "assistant", "content": choice["message"].get("content") or ""}]
+    deltas += [{"tool_calls": [{"index": i, **call}]} for i, call in enumerate(choice["message"].get("tool_calls") or [])]
+    chunks = [{**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks += [{**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
+               {**head, "choices": [], "usage": body["usage"]}]
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
 class FakeEndpoint:
-    """An OpenAI-compatible chat endpoint on 127.0.0.1 that answers each request with the next behaviour.
+    """An OpenAI-compatible chat endpoint on 127.0.0.1 that answers each request with the next behaviour,
+    streamed when the request asks for a stream.
 
     A behaviour is a reply body (dict) or one of "429", "500", "400", "hang",
-    "malformed", "no_choices", "truncated". After the script it answers with
-    `then`. Bounded: it serves at most `max_requests` and shuts itself down
-    after `lifetime_s`.
+    "malformed", "no_choices", "truncated", "silent" (accepts and never
+    answers), "stall" (sends a first chunk, then nothing), "trickle" (ten
+    chunks `trickle_s` apart) and "drop" (closes the connection unanswered). After the script it answers with `then`.
+    `GET /models` answers a model list. Bounded: it serves at most
+    `max_requests` and shuts itself down after `lifetime_s`.
     """
 
     def __init__(self, script, *, then=None, hang_s=3.0, max_requests=40, lifetime_s=30.0):
         self.script, self.then = list(script), then if then is not None else chat_body()
-        self.hang_s, self.max_requests = hang_s, max_requests
+        self.hang_s, self.max_requests, self.trickle_s = hang_s, max_requests, 0.05
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self.stopping = threading.Event()
@@ -285,6 +304,12 @@ class FakeEndpoint:
             def log_message(self, *args):
                 pass
 
+            def do_GET(self):
+                endpoint.headers.append({k.lower(): v for k, v in self.headers.items()})
+                if self.path.endswith("/models"):
+                    return self.reply(200, b'{"object": "list", "data": [{"id": "fake", "object": "model"}]}')
+                return self.reply(404, b'{"error": {"message": "not found"}}')
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 endpoint.requests.append(body)
@@ -292,11 +317,11 @@ class FakeEndpoint:
                 if len(endpoint.requests) > endpoint.max_requests:
                     return self.reply(503, b'{"error": {"message": "request budget spent"}}')
                 behaviour = endpoint.script.pop(0) if endpoint.script else endpoint.then
-                self.behave(behaviour)
+                self.behave(behaviour, body.get("stream", False))
 
-            def behave(self, behaviour):
+            def behave(self, behaviour, stream):
                 if isinstance(behaviour, dict):
-                    return self.reply(200, json.dumps(behaviour).encode())
+                    return self.reply(200, sse(behaviour) if stream else json.dumps(behaviour).encode(), stream)
                 if behaviour in ("429", "500", "400"):
                     return self.reply(int(behaviour), b'{"error": {"message": "injected fault"}}')
                 if behaviour == "overflow":  # what llama.cpp's server answers when the prompt does not fit
@@ -304,15 +329,39 @@ class FakeEndpoint:
                                            b'try increasing it", "type": "exceed_context_size_error"}}')
                 if behaviour == "hang":
                     endpoint.stopping.wait(endpoint.hang_s)
-                    return self.reply(200, json.dumps(chat_body("too late")).encode())
+                    return self.behave(chat_body("too late"), stream)
+                if behaviour == "silent":
+                    endpoint.stopping.wait()
+                    return
+                if behaviour == "stall":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    self.wfile.write(sse(chat_body("par")).split(b"\n\n")[0] + b"\n\n")
+                    self.wfile.flush()
+                    endpoint.stopping.wait()
+                    return
+                if behaviour == "trickle":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    for i in range(10):
+                        endpoint.stopping.wait(endpoint.trickle_s)
+                        self.wfile.write(sse(chat_body(f"{i} ")).split(b"\n\n")[0] + b"\n\n")
+                        self.wfile.flush()
+                    self.wfile.write(b"".join(sse(chat_body("")).split(b"\n\n")[1:]))
+                    return
+                if behaviour == "drop":
+                    self.close_connection = True
+                    return
                 if behaviour == "malformed":
-                    return self.reply(200, b'{"choices": [oops]}')
+                    return self.reply(200, b'data: {"choices": [oops]}\n\n' if stream else b'{"choices": [oops]}', stream)
                 if behaviour == "no_choices":
                     return self.reply(200, b'{"id": "chatcmpl-1", "object": "chat.completion"}')
                 if behaviour == "truncated":
-                    body = json.dumps(chat_body()).encode()
+                    body = sse(chat_body()) if stream else json.dumps(chat_body()).encode()
                     self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", "text/event-stream" if stream else "application/json")
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body[: len(body) // 2])
@@ -320,10 +369,10 @@ class FakeEndpoint:
                     return
                 raise AssertionError(f"unknown behaviour {behaviour!r}")
 
-            def reply(self, status, body):
+            def reply(self, status, body, stream=False):
                 try:
                     self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", "text/event-stream" if stream else "application/json")
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
                     self.wfile.write(body)
@@ -397,6 +446,38 @@ async def test_a_fault_that_persists_becomes_an_infrastructure_error(endpoint, f
     assert (raised.value.kind, raised.value.attempts, len(fake.requests)) == (kind, 3, 3)
     assert str(raised.value).startswith(f"openai:fake: {kind} after 3 attempts")
     assert SECRET not in str(raised.value) and SECRET not in repr(raised.value)
+
+
+@pytest.mark.parametrize("fault, silence", [("silent", "no token within 0.2 s of the request"),
+                                             ("stall", "no token for 0.2 s mid-reply")])
+async def test_a_silent_endpoint_is_a_timeout_long_before_the_call_timeout(endpoint, monkeypatch, fault, silence):
+    monkeypatch.setenv("HERA_IDLE_TIMEOUT_S", "0.2")
+    fake = endpoint([], then=fault)
+    with pytest.raises(InfrastructureError) as raised:
+        await model(timeout_s=600, max_retries=1).complete([HumanMessage("hi")])
+    assert (raised.value.kind, raised.value.attempts, len(fake.requests)) == ("timeout", 2, 2)
+    assert raised.value.detail == f"{silence} (HERA_IDLE_TIMEOUT_S)"
+    assert fake.requests[0]["stream"] is True and fake.requests[0]["stream_options"] == {"include_usage": True}
+
+
+async def test_a_reply_that_keeps_coming_is_not_cut_by_the_idle_timeout(endpoint, monkeypatch):
+    monkeypatch.setenv("HERA_IDLE_TIMEOUT_S", "0.5")
+    fake = endpoint([], then="trickle")  # alive but slow: ten chunks 0.08 s apart, 0.8 s in all
+    fake.trickle_s = 0.08
+    completion = await model(timeout_s=600, max_retries=0).complete([HumanMessage("hi")])
+    assert completion.message.content == "0 1 2 3 4 5 6 7 8 9 " and len(fake.requests) == 1
+
+
+def test_the_idle_timeout_comes_from_the_environment_and_the_local_model_may_read_its_prompt_first(monkeypatch):
+    assert chat_model("local", role="agent").model.first_token_s == LOCAL_FIRST_TOKEN_S
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    remote = chat_model("openai:fake", role="agent").model
+    assert remote.first_token_s == remote.idle_timeout_s == IDLE_TIMEOUT_S
+    monkeypatch.setenv("HERA_IDLE_TIMEOUT_S", "2000")
+    assert chat_model("local", role="agent").model.first_token_s == 2000
+    monkeypatch.setenv("HERA_IDLE_TIMEOUT_S", "0")
+    with pytest.raises(ValueError, match="HERA_IDLE_TIMEOUT_S must be a positive number of seconds; got '0'"):
+        chat_model("openai:fake", role="agent")
 
 
 async def test_an_endpoint_that_is_down_is_a_connection_error(endpoint):
@@ -563,3 +644,26 @@ def test_adapter_stays_linear_on_long_unbalanced_replies():
     assert parse_tool_calls("{ x " * 8000 + '"get_item"', TOOLS)[1] == []
     assert parse_tool_calls("get_item( " * 5000, TOOLS)[1] == []
     assert time.monotonic() - started < 2.0
+
+
+async def test_an_endpoint_unreachable_three_calls_in_a_row_is_down_until_reset():
+    down = InfrastructureError("connection", "refused")
+    scripted.register("agent", [down, "ok", down, InfrastructureError("rate_limited", "429"), down,
+                                InfrastructureError("timeout", "silent"), down, "back"])
+    model = chat_model("scripted:agent", role="agent")
+    outcomes = []
+    for _ in range(7):
+        try:
+            outcomes.append((await model.complete([HumanMessage("q")])).message.content)
+        except InfrastructureError as error:
+            outcomes.append(error.kind)
+    # an answer clears the count and a rate limit is an endpoint that answered; only the last three in a row trip it
+    assert outcomes == ["connection", "ok", "connection", "rate_limited", "connection", "timeout", "connection"]
+    assert endpoint_down("scripted:other", "scripted:agent") == (
+        "scripted:agent: 3 calls in a row found no endpoint answering (last: connection: refused)")
+    with pytest.raises(InfrastructureError, match="connection: not tried: scripted:agent: 3 calls in a row"):
+        await model.complete([HumanMessage("q")])
+    assert len(scripted.calls("agent")) == 7  # the call while it was down never reached the model
+    reset_endpoints("scripted:agent")
+    assert endpoint_down("scripted:agent") is None
+    assert (await model.complete([HumanMessage("q")])).message.content == "back"
