@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from harness.sandbox import _die_with_parent, kill, run_sandboxed, sandbox_command, scratch, workspace
+from envs.sandbox import _die_with_parent, kill, run_sandboxed, sandbox_command, scratch, workspace
 from state.records import EnvironmentSpec, Observation, ToolInfo
 
 CALL_TIMEOUT_S = float(os.environ.get("HERA_TOOL_TIMEOUT_S", 30))

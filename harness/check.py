@@ -1,5 +1,5 @@
 """Bundle checks: load a bundle and drive every hook once on a synthetic
-episode, in a sandboxed subprocess (`harness.sandbox`; `isolation()` says how
+episode, in a sandboxed subprocess (`envs.sandbox`; `isolation()` says how
 contained it is), so a broken hook is rejected before any episode runs. The
 child gets a copy of the bundle, as private directories may hold the original.
 
@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from envs.spec import SpecError
 from harness.abi import Decision, EpisodeView, Final, ToolRequest, call_hook
 from harness.bundle import load_bundle, resolve_bundle
-from harness.sandbox import run_sandboxed, stage, workspace
+from envs.sandbox import run_sandboxed, stage, workspace
 from state.records import Observation, ToolInfo
 
 _TOOL = ToolInfo(name="lookup", description="Looks a record up.", input_schema={"type": "object", "properties": {"id": {"type": "string"}}}, read_only=True)

@@ -3,7 +3,7 @@
 `SandboxedHarness` stands in for the bundle's `Harness` in the episode: its
 hooks are async and forward each call as one JSON line on the stdin of
 `python -m harness.remote BUNDLE_DIR`, started in the sandbox
-(`harness.sandbox`) on the first call. The child runs the real hooks on its
+(`envs.sandbox`) on the first call. The child runs the real hooks on its
 own `EpisodeView` mirror: the first call carries the view, each call the
 observations appended since the last one, and each reply the public fields
 (instruction, context, tools) the hook changed. Messages cross as
@@ -51,7 +51,7 @@ from harness.abi import (
     call_hook,
 )
 from harness.bundle import Bundle, load_bundle
-from harness.sandbox import Child, ChildError, scratch, stage
+from envs.sandbox import Child, ChildError, scratch, stage
 from state.records import Observation, ToolInfo
 
 _PUBLIC = ("instruction", "context", "tools")

@@ -1,4 +1,4 @@
-"""Generated environment tools, run only in the sandbox (`harness.sandbox`).
+"""Generated environment tools, run only in the sandbox (`envs.sandbox`).
 
 A model-written `tools.py` is untrusted code, so this process never imports
 it: `check_tools` runs the tool checks, `SandboxedTools` serves the tools to
@@ -26,7 +26,7 @@ from envs.construct import check_task as run_task_check, stage_public, tool_prob
 from envs.runtime import EnvInstance
 from envs.spec import SpecError, load_environment, run_untrusted_here
 from harness.remote import _Channel
-from harness.sandbox import Child, ChildError, run_sandboxed, scratch, workspace
+from envs.sandbox import Child, ChildError, run_sandboxed, scratch, workspace
 from state.construction import TaskCheck
 from state.records import Observation, TaskSpec, ToolInfo
 

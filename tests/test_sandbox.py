@@ -19,7 +19,7 @@ from harness.abi import EpisodeView, ToolRequest, answer_schema
 from harness.bundle import BUNDLES, load_bundle
 from harness.check import _TOOL, check_bundle
 from harness.remote import HookError, SandboxedHarness
-from harness.sandbox import ROOT, isolation
+from envs.sandbox import ROOT, isolation
 from roles import scripted
 from state.context import Context, EpisodeRequest
 from state.records import Observation

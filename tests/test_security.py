@@ -14,7 +14,7 @@ import pytest
 
 from harness.bundle import load_bundle
 from harness.remote import SandboxedHarness
-from harness.sandbox import ROOT, isolation, scratch
+from envs.sandbox import ROOT, isolation, scratch
 from harness.tool_sandbox import SandboxedTools
 from tests.conftest import FIXTURES
 from tests.test_sandbox import candidate, view_for
@@ -146,7 +146,7 @@ def test_a_killed_evaluators_working_directories_are_swept(tmp_path):
     left = Path(tempfile.gettempdir()) / f"hera-harness-{dead}-leftover"
     left.mkdir()
     (left / "bundle").mkdir()
-    import harness.sandbox as sandbox
+    import envs.sandbox as sandbox
 
     sandbox._sweep.cache_clear()
     mine = scratch("harness")
@@ -171,7 +171,7 @@ def test_sandboxed_children_die_with_a_killed_evaluator():
     import sys
     import time
 
-    evaluator = subprocess.Popen([sys.executable, "-c", "from harness.sandbox import run_sandboxed\n"
+    evaluator = subprocess.Popen([sys.executable, "-c", "from envs.sandbox import run_sandboxed\n"
                                   "run_sandboxed(['-c', 'import time; time.sleep(120)'], timeout_s=300)"], cwd=ROOT)
     try:
         deadline = time.monotonic() + 60
