@@ -4,6 +4,7 @@ kept outside the runs directory) are out of sight of candidate hooks and of
 environment tools, and the two sides of a pair have no channel between them."""
 
 import asyncio
+import json
 import os
 import shutil
 import sqlite3
@@ -256,3 +257,18 @@ def test_a_tool_that_never_returns_is_an_environment_fault(tmp_path, monkeypatch
         assert after.error_code == "internal_error" and "the environment's sandboxed tools process is gone" in after.message
     finally:
         instance.close()
+
+
+def test_no_secret_of_the_evaluator_reaches_a_child(monkeypatch):
+    """Neither the environment (an API key) nor another process's memory or command line (/proc)."""
+    from envs.sandbox import run_sandboxed
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-planted")
+    code = ("import os, json\n"
+            "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+            "cmdlines = [open(f'/proc/{p}/cmdline', 'rb').read().decode(errors='replace') for p in pids]\n"
+            "print(json.dumps({'env': dict(os.environ), 'cmdlines': cmdlines}))")
+    seen = run_sandboxed(["-c", code]).stdout
+    assert "sk-planted" not in seen
+    cmdlines = json.loads(seen)["cmdlines"]
+    assert cmdlines and all("pytest" not in line for line in cmdlines)  # only the child's own PID namespace
