@@ -10,6 +10,7 @@ import gc
 import json
 import itertools
 import secrets
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Callable
@@ -23,7 +24,7 @@ from graphs.metrics import Metrics
 from graphs.selection import GATE_LEVEL
 from state.context import Context
 from harness.bundle import load_bundle
-from state.ledger import Ledger, runs_dir
+from state.ledger import Ledger, held, runs_dir
 from state.evolution import Diagnosis
 from state.records import EpisodeRecord
 
@@ -74,26 +75,35 @@ async def evaluate(
     on_episode: Callable[[EpisodeRecord], None] | None = None,
     sides: list[str] | None = None,
 ) -> tuple[str, Metrics]:
-    """Runs (or resumes, given the id of an interrupted run) an evaluation; the run id and its metrics."""
+    """Runs (or resumes, given the id of an interrupted run) an evaluation; the run id and its metrics.
+
+    One process at a time evaluates a run (a claim in the ledger)."""
     run_id = run_id or new_run_id()
     await asyncio.to_thread(runs_dir().mkdir, parents=True, exist_ok=True)
     # every episode does blocking work (ledger, grading) in threads: size the pool to the concurrency
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=concurrency + 4))
+    ledger = await asyncio.to_thread(Ledger, context.ledger)
     async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / "checkpoints.db")) as saver:
         saver.serde = SERDE
         graph = evaluate_graph.builder.compile(checkpointer=saver, name="evaluate")
         config = {"configurable": {"thread_id": run_id}, "max_concurrency": concurrency, "recursion_limit": 100}
         previous = await graph.aget_state(config)
-        payload = None if previous.next else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials, "seed": seed,
-                                              **({"sides": sides} if sides else {})}
-        if payload:
-            await asyncio.to_thread(_check_same_run, run_id, payload, context)
-        async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="sync"):
-            for node, value in update.items():
-                if node == "episode_worker" and on_episode and value:
-                    for record in value["results"].values():
-                        on_episode(record)
-        final = await graph.aget_state(config)
+        owner = uuid.uuid4().hex
+        holder = await asyncio.to_thread(ledger.claim_run, run_id, owner)
+        if holder is not None:
+            raise ValueError(f"run {run_id} is being evaluated by pid {holder['pid']} on {holder['host']} since "
+                             f"{holder['started_at']} (a claim in {ledger.path}); wait for it, or stop it and resume")
+        async with held(ledger, f"run:{run_id}", owner):
+            payload = None if previous.next else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials,
+                                                  "seed": seed, **({"sides": sides} if sides else {})}
+            if payload:
+                await asyncio.to_thread(_check_same_run, run_id, payload, context)
+            async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="sync"):
+                for node, value in update.items():
+                    if node == "episode_worker" and on_episode and value:
+                        for record in value["results"].values():
+                            on_episode(record)
+            final = await graph.aget_state(config)
     return run_id, final.values["metrics"]
 
 

@@ -5,7 +5,10 @@ by environment; `fan_out_episodes` sends one `EpisodeTask` per pair × side ×
 trial, in that order, to `episode_worker`, which
 reuses a finished episode from the rollout cache (the ledger) or runs, grades
 and stores it, re-running infrastructure errors; `scorer` computes the
-metrics. Concurrency is bounded by the caller's `max_concurrency`.
+metrics. An episode is run under a claim on its key in the ledger: a
+concurrent evaluation that needs the same episode waits for the result instead
+of running it again, and every run scores the record the ledger holds.
+Concurrency is bounded by the caller's `max_concurrency`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
+import uuid
 from typing import Annotated
 
 from langchain_core.messages import messages_to_dict
@@ -31,9 +35,10 @@ from harness.check import check_bundle
 from roles.abstention_judge import abstention_judge
 from roles.models import InfrastructureError
 from state.context import Context, EpisodeRequest
-from state.ledger import Ledger
+from state.ledger import Ledger, held
 from state.records import EpisodeKey, EpisodeRecord, Grade, merge
 
+POLL_S = 1.0  # how often an episode that another evaluation is running is looked for in the ledger
 
 
 class EvaluateInput(TypedDict):
@@ -108,28 +113,36 @@ def fan_out_episodes(state: EvaluateState) -> list[Send]:
 
 
 async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
-    """Reuses or runs, grades and stores one episode; writes `results`."""
-    ctx, request = runtime.context, task["request"]
+    """Reuses, waits for (while another evaluation runs it) or runs, grades and stores one episode; writes `results`,
+    the record the ledger holds."""
+    ctx, request, run_id = runtime.context, task["request"], task["run_id"]
     ledger = await asyncio.to_thread(Ledger, ctx.ledger)
-    entry, key, cached = await asyncio.to_thread(_lookup, request, ctx, ledger)
-    if cached is not None:
-        await asyncio.to_thread(ledger.record_episode, task["run_id"], cached, True)
-        return {"results": {key.id: cached}}
-    for attempt in range(ctx.max_infra_retries + 1):
-        record = await _attempt(entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
-        await asyncio.to_thread(ledger.record_episode, task["run_id"], record)
-        if record.status == "done":
+    entry, key = await asyncio.to_thread(_lookup, request, ctx)
+    owner = uuid.uuid4().hex
+    while True:
+        cached, holder = await asyncio.to_thread(ledger.claim_episode, key.id, run_id, owner)
+        if cached is not None:
+            await asyncio.to_thread(ledger.record_episode, run_id, cached, True)
+            return {"results": {key.id: cached}}
+        if holder is None:
             break
+        await asyncio.sleep(POLL_S)
+    async with held(ledger, f"episode:{key.id}", owner):
+        for attempt in range(ctx.max_infra_retries + 1):
+            record = await _attempt(entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
+            record = await asyncio.to_thread(ledger.record_episode, run_id, record)
+            if record.status == "done":
+                break
     return {"results": {key.id: record}}
 
 
-def _lookup(request: EpisodeRequest, ctx: Context, ledger: Ledger) -> tuple[Entry, EpisodeKey, EpisodeRecord | None]:
-    """The pair, the rollout-cache key and the cached episode, in one trip off the event loop."""
+def _lookup(request: EpisodeRequest, ctx: Context) -> tuple[Entry, EpisodeKey]:
+    """The pair and the rollout-cache key, in one trip off the event loop."""
     entry = load_entry(request.pair_id, ctx.catalog or str(CATALOG))
     key = EpisodeKey(harness_hash=load_bundle(request.bundle).hash, env_hash=side_env(entry, request.side).hash,
                      task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial,
                      max_turns=ctx.max_turns)
-    return entry, key, ledger.episode(key.id)
+    return entry, key
 
 
 async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger, episode_id: str) -> EpisodeRecord:

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -290,3 +291,75 @@ def test_a_turn_outside_the_grammar_is_an_infrastructure_error_and_is_run_again(
     attempts = Ledger(context.ledger).attempts(run_id)
     assert [a["status"] for a in attempts] == ["infrastructure_error", "done"] and "malformed" in attempts[0]["error"]
     assert m.counts["act"] == 1 and m.totals["act"] == 1
+
+
+def test_two_concurrent_evaluations_run_each_episode_once(context, monkeypatch):
+    from graphs import evaluate as evaluate_graph
+    from graphs.report import evaluation
+    from state import ledger as ledger_module
+
+    monkeypatch.setattr(evaluate_graph, "POLL_S", 0.01)
+    waited = threading.Event()
+    claim = ledger_module.Ledger.claim_episode
+
+    def claim_episode(self, *args):
+        cached, holder = claim(self, *args)
+        if holder is not None:
+            waited.set()
+        return cached, holder
+
+    monkeypatch.setattr(ledger_module.Ledger, "claim_episode", claim_episode)
+
+    async def first_turn(messages, tools):
+        for _ in range(1000):  # a bounded wait: the other run finds this episode claimed before it can finish
+            if waited.is_set():
+                break
+            await asyncio.sleep(0.01)
+        return shop_agent(messages, tools)
+
+    # the model calls of one evaluation, strictly: a second computation of any episode would fail the script
+    scripted.register("agent", [first_turn] + [shop_agent] * 4)
+    scripted.register("judge", [shop_judge] * 2)
+
+    async def both():
+        return await asyncio.gather(api.evaluate("H0", [PAIR], context, run_id="one"), api.evaluate("H0", [PAIR], context, run_id="two"))
+
+    (_, one), (_, two) = asyncio.run(both())
+    scripted.assert_consumed()
+    assert waited.is_set()
+    assert one == two and one.complete and one.counts["pair"] == 1
+    ledger = Ledger(context.ledger)
+    assert evaluation(ledger, "one")[0] == one and evaluation(ledger, "two")[0] == two
+    statuses = sorted(a["status"] for run in ("one", "two") for a in ledger.attempts(run))
+    assert statuses == ["done", "done", "reused", "reused"]
+    assert ledger.claims() == []
+
+
+def test_two_evaluating_processes_run_each_episode_once(tmp_path):
+    from graphs.metrics import Metrics
+    from graphs.report import evaluation
+
+    env = {**os.environ, "HERA_RUNS": str(tmp_path / "runs")}
+    ledger, log = str(tmp_path / "ledger.db"), tmp_path / "log"
+    log.touch()
+    procs = {run: subprocess.Popen([sys.executable, "-m", "tests.drivers.evaluate_beside", ledger, str(log), run], env=env,
+                                   stdout=subprocess.PIPE, text=True) for run in ("one", "two")}
+    printed = {run: Metrics.model_validate_json(p.communicate(timeout=180)[0]) for run, p in procs.items()}
+    assert {p.returncode for p in procs.values()} == {0}
+    lines = [line.split() for line in log.read_text().splitlines()]
+    calls = sorted(what for _, what in lines if what != "waiting")
+    assert calls == ["agent"] * 5 + ["judge"] * 2  # what one evaluation asks, across both processes
+    assert any(what == "waiting" for _, what in lines)
+    assert printed["one"] == printed["two"] and printed["one"].complete and printed["one"].counts["pair"] == 1
+    for run, metrics in printed.items():
+        assert evaluation(Ledger(ledger), run)[0] == metrics
+
+
+def test_a_claim_of_a_live_process_on_the_run_refuses_a_second_evaluation(context, capsys):
+    Ledger(context.ledger).claim_run("busy", "another-owner")  # this process is alive: the claim stands
+    scripted.register("agent", [])
+    scripted.register("judge", [])
+    base = ["--catalog", str(FIXTURES), "--ledger", context.ledger]
+    assert main([*base, "eval", "--model", "scripted:agent", "--pairs", PAIR, "--run-id", "busy"]) == 2
+    assert f"run busy is being evaluated by pid {os.getpid()} on" in " ".join(capsys.readouterr().err.split())
+    assert Ledger(context.ledger).attempts("busy") == []
