@@ -343,8 +343,10 @@ def runs_show(args: argparse.Namespace) -> int:
     if run is None:
         raise UsageError(f"unknown run {args.run_id!r} (see `hera runs list`)")
     episodes = ledger.episodes(args.run_id)
+    unfinished = _unfinished(ledger, args.run_id)
     if args.json:
-        print(json.dumps({"run": run, "episodes": [e.model_dump(exclude={"messages"}) for e in episodes]}, indent=1, default=str))
+        print(json.dumps({"run": run, "episodes": [e.model_dump(exclude={"messages"}) for e in episodes], "unfinished": unfinished},
+                         indent=1, default=str))
         return 0
     metrics, _ = evaluation(ledger, args.run_id)  # scored again from the episodes: no model call
     if metrics is not None:
@@ -357,7 +359,22 @@ def runs_show(args: argparse.Namespace) -> int:
                       *(_flag(e.grade, n) for n in ("success", "abstained", "committed", "grounded")),
                       str(sum(1 for m in e.messages if m.get("type") == "ai")))
     console.print(table)
+    if unfinished:
+        errors = Table(title="not finished: infrastructure or environment errors, never scored")
+        for col in ("episode", "pair", "side", "last error"):
+            errors.add_column(col, overflow="fold")
+        for a in unfinished:
+            errors.add_row(a["episode_id"], a["pair_id"], a["side"], escape(a["error"].splitlines()[0] if a["error"] else ""))
+        console.print(errors)
     return 0
+
+
+def _unfinished(ledger: Ledger, run_id: str) -> list[dict]:
+    """The last failed attempt of each episode the run did not finish (nor reuse)."""
+    attempts = ledger.attempts(run_id)
+    finished = {a["episode_id"] for a in attempts if a["status"] in ("done", "reused")}
+    last = {a["episode_id"]: a for a in attempts if a["episode_id"] not in finished}
+    return list(last.values())
 
 
 def runs_compare(args: argparse.Namespace) -> int:
@@ -443,10 +460,15 @@ def _trajectory(record: EpisodeRecord) -> list[str]:
             lines.append(escape(f"tool: {text[:600]}"))
         else:
             lines.append(escape(f"user: {text}"))
+    for o in record.observations:
+        if not o.ok:
+            lines.append(escape(f"tool error{' (a harness lookup)' if o.source == 'harness' else ''}: "
+                                f"{o.tool}({json.dumps(o.args)}) {o.error_code}: {o.message}"))
     g = record.grade
     verdict = (f"success={g.success} abstained={g.abstained} committed={g.committed} grounded={g.grounded}"
-               + (f"\nquote: {g.quote}" if g.quote else "") + ("\n" + "\n".join(g.failures) if g.failures else "")) if g else record.error
-    lines.append(escape(f"[{record.termination or record.status}] {verdict}"))
+               + (f"\nquote: {g.quote}" if g.quote else "") + ("\n" + "\n".join(g.failures) if g.failures else "")) if g else ""
+    error = f"\nerror: {record.error}" if record.error else ""
+    lines.append(escape(f"[{record.termination or record.status}] {verdict}{error}"))
     return lines
 
 

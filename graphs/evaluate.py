@@ -36,7 +36,7 @@ from roles.abstention_judge import abstention_judge
 from roles.models import InfrastructureError
 from state.context import Context, EpisodeRequest
 from state.ledger import Ledger, held
-from state.records import EpisodeKey, EpisodeRecord, Grade, merge
+from state.records import EpisodeKey, EpisodeRecord, Grade, capped, merge
 
 POLL_S = 1.0  # how often an episode that another evaluation is running is looked for in the ledger
 
@@ -114,7 +114,7 @@ def fan_out_episodes(state: EvaluateState) -> list[Send]:
 
 async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
     """Reuses, waits for (while another evaluation runs it) or runs, grades and stores one episode; writes `results`,
-    the record the ledger holds."""
+    the record the ledger holds. An environment fault is not re-run: the same tool fails the same way."""
     ctx, request, run_id = runtime.context, task["request"], task["run_id"]
     ledger = await asyncio.to_thread(Ledger, ctx.ledger)
     entry, key = await asyncio.to_thread(_lookup, request, ctx)
@@ -131,7 +131,7 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
         for attempt in range(ctx.max_infra_retries + 1):
             record = await _attempt(entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
             record = await asyncio.to_thread(ledger.record_episode, run_id, record)
-            if record.status == "done":
+            if record.status == "done" or record.termination == "environment_error":
                 break
     return {"results": {key.id: record}}
 
@@ -151,7 +151,7 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
     try:
         out = await run_episode(request, ctx, episode_id, entry)
     except Exception as exc:  # endpoint, MCP server or sandbox failure: recorded and re-run, never scored
-        return EpisodeRecord(**base, status="infrastructure_error", error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+        return EpisodeRecord(**base, status="infrastructure_error", error=capped(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
     trajectory = {
         "termination": out.get("termination", ""),
         "answer": out.get("answer", ""),
@@ -159,9 +159,11 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
         "observations": tuple(out.get("observations", [])),
         "latency_s": time.perf_counter() - start,
     }
-    usage = list(out.get("usage", []))
+    usage, error = list(out.get("usage", [])), out.get("error", "")
     if out.get("termination") == "infrastructure_error":
-        return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=out.get("error", ""))
+        return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=error)
+    if out.get("termination") == "environment_error":  # the environment's defect: reported, never scored against the harness
+        return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=f"environment fault: {error}")
     try:
         facts = await asyncio.to_thread(deterministic_grade, entry, request.side, trajectory["observations"], trajectory["answer"],
                                         trajectory["messages"])
@@ -174,7 +176,7 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
         success = verdict.abstained and not facts["committed"]
     grade = Grade(side=request.side, success=success, abstained=verdict.abstained, committed=facts["committed"],
                   grounded=facts["grounded"], quote=verdict.quote, failures=facts["failures"])
-    return EpisodeRecord(**base, **trajectory, usage=tuple(usage + judge_usage), status="done", grade=grade)
+    return EpisodeRecord(**base, **trajectory, usage=tuple(usage + judge_usage), status="done", grade=grade, error=error)
 
 
 async def _judge(instruction: str, answer: str, ctx: Context, ledger: Ledger):

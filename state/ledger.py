@@ -119,7 +119,7 @@ class Ledger:
         return [EpisodeRecord.model_validate_json(r["record"]) for r in self._rows("episodes", where, args, order_by="rowid")]
 
     def attempts(self, run_id: str) -> list[dict]:
-        return self._rows("attempts", "run_id = ?", [run_id], select="episode_id, status, error, created_at")
+        return self._rows("attempts", "run_id = ?", [run_id], select="episode_id, pair_id, side, status, error, created_at")
 
     def record_run(self, run_id: str, **fields) -> None:
         with self._lock:

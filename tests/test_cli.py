@@ -60,3 +60,22 @@ def test_eval_rejects_a_bundle_with_a_broken_hook(capsys, tmp_path, monkeypatch)
     code, _, err = run(capsys, tmp_path, "eval", "--harness", str(bundle), "--pairs", "shop-reserve-drill", "--model", "scripted:none")
     assert code == 2
     assert "Harness.compose_instructions: raised RuntimeError: boom" in " ".join(err.split())
+
+
+def test_episode_show_gives_tool_and_hook_errors_with_their_messages(capsys, tmp_path, monkeypatch):
+    from graphs import cli
+    from state.ledger import Ledger
+    from state.records import Observation
+    from tests.test_report import episode
+
+    failed = Observation(tool="get_item", args={"sku": "X"}, ok=False, error_code="not_found", message="No items record with sku=X.",
+                         source="harness")
+    record = episode("p1", "act", False).model_copy(update={"observations": (failed,), "termination": "harness_error",
+                                                           "error": "hooks.py: Harness.finalize: raised KeyError: 'x'"})
+    Ledger(tmp_path / "ledger.db").record_episode("r1", record)
+    monkeypatch.setattr(cli.console, "width", 200)
+    code, _, err = run(capsys, tmp_path, "episode", "show", record.key.id)
+    cells = [cell.strip() for line in err.splitlines() for cell in line.split("│") if cell.strip() and cell.strip()[0] not in "┏┃┡├└"]
+    assert code == 0 and cells[-3:] == ['tool error (a harness lookup): get_item({"sku": "X"}) not_found: No items record with sku=X.',
+                                        "[harness_error] success=False abstained=False committed=False grounded=False",
+                                        "error: hooks.py: Harness.finalize: raised KeyError: 'x'"]
