@@ -52,7 +52,7 @@ from harness.bundle import bundle_diff, load_bundle
 from state.context import Context
 from roles.failure_analyst import failure_analyst, failure_records
 from state.evolution import Diagnosis, LineageEntry
-from state.ledger import Ledger, runs_dir
+from state.ledger import Ledger, LedgerError, runs_dir
 from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 
 console = Console(stderr=True)
@@ -263,8 +263,15 @@ def add_envs_build(envs: argparse._SubParsersAction) -> None:
     build.set_defaults(run=envs_build)
 
 
+def _note_unrecorded(ledger: Ledger) -> None:
+    note = api.unrecorded_note(ledger)
+    if note:
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+
+
 def run_eval(args: argparse.Namespace) -> int:
     catalog = args.catalog
+    _note_unrecorded(Ledger(args.ledger))
     recorded = api.recorded_run(args.run_id, Context(ledger=args.ledger)) if args.run_id else None
     if recorded:  # resuming: what the run evaluated, unless given again
         args.pairs = args.pairs or recorded["pair_ids"]
@@ -318,7 +325,9 @@ def metrics_table(run_id: str, harness: str, model: str, metrics: Metrics) -> Ta
 
 
 def runs_list(args: argparse.Namespace) -> int:
-    runs = Ledger(args.ledger).runs()
+    ledger = Ledger(args.ledger)
+    runs = ledger.runs()
+    _note_unrecorded(ledger)
     if args.json:
         print(json.dumps(runs, indent=1))
         return 0
@@ -340,6 +349,9 @@ def _flag(grade: Grade | None, name: str) -> str:
 def runs_show(args: argparse.Namespace) -> int:
     ledger = Ledger(args.ledger)
     run = ledger.run(args.run_id)
+    if run is None and args.run_id in api.checkpointed_runs():
+        raise LedgerError(f"run {args.run_id} has checkpoints in {api.checkpoints_path()} but no row in the ledger {ledger.path}: "
+                          "the ledger was emptied or replaced; restore it from a backup")
     if run is None:
         raise UsageError(f"unknown run {args.run_id!r} (see `hera runs list`)")
     episodes = ledger.episodes(args.run_id)
@@ -1064,7 +1076,7 @@ def main(argv: list[str] | None = None) -> int:
         api.tune_gc()
     try:
         return args.run(args)
-    except (UsageError, SpecError) as exc:
+    except (UsageError, SpecError, LedgerError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # a path must stay one piece to be copied
         return 2
 

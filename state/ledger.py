@@ -47,6 +47,10 @@ _open: dict[Path, tuple[sqlite_utils.Database, threading.Lock]] = {}
 _open_lock = threading.Lock()
 
 
+class LedgerError(RuntimeError):
+    """The ledger file cannot be read, or has lost a run that other files still show."""
+
+
 class Ledger:
     """A handle on the ledger file; handles on one file in one process share
     a connection and a lock."""
@@ -61,11 +65,16 @@ class Ledger:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
-        # WAL with synchronous=NORMAL survives a killed process, which is the crash that matters here
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("create table if not exists claims (id text primary key, run_id text, owner text not null, "
-                     "pid integer, host text, started_at text, renewed_at real)")
+        try:
+            # WAL with synchronous=NORMAL survives a killed process, which is the crash that matters here
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("create table if not exists claims (id text primary key, run_id text, owner text not null, "
+                         "pid integer, host text, started_at text, renewed_at real)")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise LedgerError(f"{self.path}: not a readable ledger ({exc}); move it aside to start a new one "
+                              "(every recorded run and episode is then forgotten) or restore it from a backup") from None
         return conn
 
     def record_certification(self, cert: Certification) -> None:

@@ -79,3 +79,13 @@ def test_episode_show_gives_tool_and_hook_errors_with_their_messages(capsys, tmp
     assert code == 0 and cells[-3:] == ['tool error (a harness lookup): get_item({"sku": "X"}) not_found: No items record with sku=X.',
                                         "[harness_error] success=False abstained=False committed=False grounded=False",
                                         "error: hooks.py: Harness.finalize: raised KeyError: 'x'"]
+
+
+def test_a_ledger_that_is_not_sqlite_is_one_clear_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+    (tmp_path / "ledger.db").write_bytes(bytes(range(256)) * 64)
+    expected = (f"error: {tmp_path / 'ledger.db'}: not a readable ledger (file is not a database); move it aside to start a new one "
+                "(every recorded run and episode is then forgotten) or restore it from a backup\n")
+    for argv in (["runs", "list"], ["eval", "--pairs", "shop-reserve-drill", "--model", "scripted:none"]):
+        code, out, err = run(capsys, tmp_path, *argv)
+        assert (code, out, err) == (2, "", expected)

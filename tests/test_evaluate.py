@@ -463,3 +463,28 @@ def test_hook_answers_and_results_are_capped_before_storage_and_the_judge(contex
     assert {m["data"]["content"] for e in episodes for m in e.messages if m["type"] == "tool"} == {shown}
     assert len(judged) == 1 and answer in judged[0] and len(judged[0]) < MAX_TEXT + 5_000  # one verdict, cached for both
 
+
+def test_a_ledger_emptied_under_checkpointed_runs_is_said_and_its_runs_are_not_resumed(context, capsys):
+    from state import ledger as ledger_module
+
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    run_id, _ = evaluate(context)
+    path = Path(context.ledger).resolve()
+    ledger_module._open.pop(path)[0].conn.close()  # as a new process: no connection open on the old file
+    path.write_bytes(b"")
+    base = ["--catalog", str(FIXTURES), "--ledger", context.ledger]
+    checkpoints = Path(os.environ["HERA_RUNS"]) / "checkpoints.db"
+    assert main([*base, "runs", "list", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == [] and " ".join(err.split()) == (
+        f"note: the ledger {path} holds no runs, but {checkpoints} holds checkpoints of 1 evaluation run(s) ({run_id}): "
+        "if they were recorded in this ledger, it was emptied or replaced; restore it from a backup")
+    lost = f"run {run_id} has checkpoints in {checkpoints} but no row in the ledger {path}: the ledger was emptied or replaced; restore it from a backup"
+    assert main([*base, "runs", "show", run_id]) == 2
+    assert " ".join(capsys.readouterr().err.split()) == f"error: {lost}"
+    scripted.register("agent", [])  # a resume must not run anything
+    scripted.register("judge", [])
+    assert main([*base, "eval", "--model", "scripted:agent", "--judge-model", "scripted:judge", "--run-id", run_id, "--split", "train"]) == 2
+    assert f"error: {lost}, or start a new run (without --run-id); nothing was evaluated" in " ".join(capsys.readouterr().err.split())
+    assert Ledger(context.ledger).runs() == [] and Ledger(context.ledger).attempts(run_id) == []

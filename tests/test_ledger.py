@@ -8,7 +8,7 @@ import time
 import pytest
 
 from state import ledger as ledger_module
-from state.ledger import LEASE_S, Ledger
+from state.ledger import LEASE_S, Ledger, LedgerError
 from tests.test_report import episode
 
 
@@ -79,3 +79,13 @@ def test_a_run_holds_the_episodes_it_finished_or_reused_only(ledger):
     ledger.record_episode("run-c", episode("p1", "act"), reused=True)
     assert ledger.episodes("run-a") == []  # run-a never finished it: another run did
     assert ledger.episodes("run-b") == ledger.episodes("run-c") == [episode("p1", "act")]
+
+
+def test_a_file_that_is_not_a_ledger_is_named(tmp_path):
+    path = tmp_path / "hera.db"
+    path.write_bytes(b"\x13garbage, not SQLite\x00" * 400)
+    with pytest.raises(LedgerError) as caught:
+        Ledger(path)
+    assert str(caught.value) == (f"{path}: not a readable ledger (file is not a database); move it aside to start a new one "
+                                 "(every recorded run and episode is then forgotten) or restore it from a backup")
+
