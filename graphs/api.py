@@ -11,8 +11,11 @@ import gc
 import json
 import itertools
 import secrets
+import sqlite3
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable
 
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
@@ -25,7 +28,7 @@ from graphs.selection import GATE_LEVEL
 from state.context import Context
 from harness.bundle import load_bundle
 from roles.models import reset_endpoints
-from state.ledger import Ledger, runs_dir
+from state.ledger import Ledger, LedgerError, held, runs_dir
 from state.evolution import Diagnosis
 from state.records import EpisodeRecord
 
@@ -76,28 +79,43 @@ async def evaluate(
     on_episode: Callable[[EpisodeRecord], None] | None = None,
     sides: list[str] | None = None,
 ) -> tuple[str, Metrics]:
-    """Runs (or resumes, given the id of an interrupted run) an evaluation; the run id and its metrics."""
+    """Runs (or resumes, given the id of an interrupted run) an evaluation; the run id and its metrics.
+
+    One process at a time evaluates a run (a claim in the ledger); a resume whose run the ledger has lost
+    is refused (`LedgerError`) before anything is evaluated."""
     _check_request(pair_ids, trials, concurrency, context)
     reset_endpoints(context.agent_model, context.judge_model)
     run_id = run_id or new_run_id()
     await asyncio.to_thread(runs_dir().mkdir, parents=True, exist_ok=True)
     # every episode does blocking work (ledger, grading) in threads: size the pool to the concurrency
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=concurrency + 4))
-    async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / "checkpoints.db")) as saver:
+    ledger = await asyncio.to_thread(Ledger, context.ledger)
+    async with AsyncSqliteSaver.from_conn_string(str(checkpoints_path())) as saver:
         saver.serde = SERDE
         graph = evaluate_graph.builder.compile(checkpointer=saver, name="evaluate")
         config = {"configurable": {"thread_id": run_id}, "max_concurrency": concurrency, "recursion_limit": 100}
         previous = await graph.aget_state(config)
-        payload = None if previous.next else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials, "seed": seed,
-                                              **({"sides": sides} if sides else {})}
-        if payload:
-            await asyncio.to_thread(_check_same_run, run_id, payload, context)
-        async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="sync"):
-            for node, value in update.items():
-                if node == "episode_worker" and on_episode and value:
-                    for record in value["results"].values():
-                        on_episode(record)
-        final = await graph.aget_state(config)
+        # the planner records the run in the ledger: past it, a run the ledger does not know was lost there
+        if "order" in previous.values and await asyncio.to_thread(ledger.run, run_id) is None:
+            raise LedgerError(f"run {run_id} has checkpoints in {checkpoints_path()} but no row in the ledger {ledger.path}: "
+                              "the ledger was emptied or replaced; restore it from a backup, or start a new run "
+                              "(without --run-id); nothing was evaluated")
+        owner = uuid.uuid4().hex
+        holder = await asyncio.to_thread(ledger.claim_run, run_id, owner)
+        if holder is not None:
+            raise ValueError(f"run {run_id} is being evaluated by pid {holder['pid']} on {holder['host']} since "
+                             f"{holder['started_at']} (a claim in {ledger.path}); wait for it, or stop it and resume")
+        async with held(ledger, f"run:{run_id}", owner):
+            payload = None if previous.next else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials,
+                                                  "seed": seed, **({"sides": sides} if sides else {})}
+            if payload:
+                await asyncio.to_thread(_check_same_run, run_id, payload, context)
+            async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="sync"):
+                for node, value in update.items():
+                    if node == "episode_worker" and on_episode and value:
+                        for record in value["results"].values():
+                            on_episode(record)
+            final = await graph.aget_state(config)
     return run_id, final.values["metrics"]
 
 
@@ -112,6 +130,37 @@ def _check_request(pair_ids: list[str], trials: int, concurrency: int, context: 
     problems += [f"max_turns={context.max_turns} (at least 1, or None)"] if context.max_turns is not None and context.max_turns < 1 else []
     if problems:
         raise ValueError("cannot evaluate: " + "; ".join(problems))
+
+
+def checkpoints_path() -> Path:
+    """Where evaluation runs keep their checkpoints (LangGraph's, one thread per run id)."""
+    return runs_dir() / "checkpoints.db"
+
+
+def checkpointed_runs() -> list[str]:
+    """The ids of the evaluation runs with checkpoints in the runs directory, read without writing."""
+    path = checkpoints_path()
+    if not path.is_file():
+        return []
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return [r[0] for r in conn.execute("select distinct thread_id from checkpoints order by thread_id")]
+    except sqlite3.DatabaseError:  # no checkpoint written yet, or not a checkpoint file: nothing to compare
+        return []
+    finally:
+        conn.close()
+
+
+def unrecorded_note(ledger: Ledger) -> str | None:
+    """A note when the ledger holds no runs while the runs directory holds checkpoints of evaluation runs."""
+    if ledger.runs():
+        return None
+    ids = checkpointed_runs()
+    if not ids:
+        return None
+    shown = ", ".join(ids[:5]) + (", …" if len(ids) > 5 else "")
+    return (f"the ledger {ledger.path} holds no runs, but {checkpoints_path()} holds checkpoints of {len(ids)} evaluation "
+            f"run(s) ({shown}): if they were recorded in this ledger, it was emptied or replaced; restore it from a backup")
 
 
 def recorded_run(run_id: str, context: Context) -> dict | None:

@@ -52,7 +52,7 @@ from state.context import Context
 from roles.models import chat_model, endpoint_down, endpoint_problem
 from roles.failure_analyst import failure_analyst, failure_records
 from state.evolution import Diagnosis, LineageEntry
-from state.ledger import Ledger, runs_dir
+from state.ledger import Ledger, LedgerError, runs_dir
 from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 
 console = Console(stderr=True)
@@ -377,6 +377,12 @@ def add_envs_build(envs: argparse._SubParsersAction) -> None:
     build.set_defaults(run=envs_build)
 
 
+def _note_unrecorded(ledger: Ledger) -> None:
+    note = api.unrecorded_note(ledger)
+    if note:
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+
+
 def run_eval(args: argparse.Namespace) -> int:
     catalog = args.catalog
     recorded = api.recorded_run(args.run_id, Context(ledger=args.ledger)) if args.run_id else None
@@ -400,6 +406,7 @@ def run_eval(args: argparse.Namespace) -> int:
         _entry(args, pair_id)
     judge = args.judge_model or args.model
     reachable(("--model", args.model), ("--judge-model", args.judge_model))
+    _note_unrecorded(Ledger(args.ledger))
     context = Context(agent_model=args.model, judge_model=judge, catalog=catalog,
                       ledger=args.ledger, max_infra_retries=args.retries, max_turns=args.max_turns)
     total = 2 * len(pair_ids) * args.trials
@@ -442,7 +449,9 @@ def metrics_table(run_id: str, harness: str, model: str, metrics: Metrics) -> Ta
 
 
 def runs_list(args: argparse.Namespace) -> int:
-    runs = Ledger(args.ledger).runs()
+    ledger = Ledger(args.ledger)
+    runs = ledger.runs()
+    _note_unrecorded(ledger)
     if args.json:
         print(json.dumps(runs, indent=1))
         return 0
@@ -464,11 +473,16 @@ def _flag(grade: Grade | None, name: str) -> str:
 def runs_show(args: argparse.Namespace) -> int:
     ledger = Ledger(args.ledger)
     run = ledger.run(args.run_id)
+    if run is None and args.run_id in api.checkpointed_runs():
+        raise LedgerError(f"run {args.run_id} has checkpoints in {api.checkpoints_path()} but no row in the ledger {ledger.path}: "
+                          "the ledger was emptied or replaced; restore it from a backup")
     if run is None:
         raise UsageError(f"unknown run {args.run_id!r} (see `hera runs list`)")
     episodes = ledger.episodes(args.run_id)
+    unfinished = _unfinished(ledger, args.run_id)
     if args.json:
-        print(json.dumps({"run": run, "episodes": [e.model_dump(exclude={"messages"}) for e in episodes]}, indent=1, default=str))
+        print(json.dumps({"run": run, "episodes": [e.model_dump(exclude={"messages"}) for e in episodes], "unfinished": unfinished},
+                         indent=1, default=str))
         return 0
     metrics, _ = evaluation(ledger, args.run_id)  # scored again from the episodes: no model call
     if metrics is not None:
@@ -481,7 +495,22 @@ def runs_show(args: argparse.Namespace) -> int:
                       *(_flag(e.grade, n) for n in ("success", "abstained", "committed", "grounded")),
                       str(sum(1 for m in e.messages if m.get("type") == "ai")))
     console.print(table)
+    if unfinished:
+        errors = Table(title="not finished: infrastructure or environment errors, never scored")
+        for col in ("episode", "pair", "side", "last error"):
+            errors.add_column(col, overflow="fold")
+        for a in unfinished:
+            errors.add_row(a["episode_id"], a["pair_id"], a["side"], escape(a["error"].splitlines()[0] if a["error"] else ""))
+        console.print(errors)
     return 0
+
+
+def _unfinished(ledger: Ledger, run_id: str) -> list[dict]:
+    """The last failed attempt of each episode the run did not finish (nor reuse)."""
+    attempts = ledger.attempts(run_id)
+    finished = {a["episode_id"] for a in attempts if a["status"] in ("done", "reused")}
+    last = {a["episode_id"]: a for a in attempts if a["episode_id"] not in finished}
+    return list(last.values())
 
 
 def runs_compare(args: argparse.Namespace) -> int:
@@ -567,10 +596,15 @@ def _trajectory(record: EpisodeRecord) -> list[str]:
             lines.append(escape(f"tool: {text[:600]}"))
         else:
             lines.append(escape(f"user: {text}"))
+    for o in record.observations:
+        if not o.ok:
+            lines.append(escape(f"tool error{' (a harness lookup)' if o.source == 'harness' else ''}: "
+                                f"{o.tool}({json.dumps(o.args)}) {o.error_code}: {o.message}"))
     g = record.grade
     verdict = (f"success={g.success} abstained={g.abstained} committed={g.committed} grounded={g.grounded}"
-               + (f"\nquote: {g.quote}" if g.quote else "") + ("\n" + "\n".join(g.failures) if g.failures else "")) if g else record.error
-    lines.append(escape(f"[{record.termination or record.status}] {verdict}"))
+               + (f"\nquote: {g.quote}" if g.quote else "") + ("\n" + "\n".join(g.failures) if g.failures else "")) if g else ""
+    error = f"\nerror: {record.error}" if record.error else ""
+    lines.append(escape(f"[{record.termination or record.status}] {verdict}{error}"))
     return lines
 
 
@@ -1169,7 +1203,7 @@ def main(argv: list[str] | None = None) -> int:
         api.tune_gc()
     try:
         return args.run(args)
-    except (UsageError, SpecError) as exc:
+    except (UsageError, SpecError, LedgerError) as exc:
         say(f"[red]error:[/] {escape(str(exc))}")
         return 2
 

@@ -7,7 +7,11 @@ instructions; `agent` runs one model turn through
 calls through `before_tool_call`, `present_result` (what the model is shown)
 and `after_tool_result`; `finalizer` asks `finalize` whether to accept,
 replace, abstain or revise. Read-only calls a hook makes itself
-(`view.lookup`) are recorded with the agent's, marked as the harness's. The MCP session and the harness object live
+(`view.lookup`) are recorded with the agent's, marked as the harness's. A
+hook's failure ends the episode as `harness_error` (scored); a tool that
+crashes ends it as `environment_error` (the environment's defect, never
+scored). Every text a hook hands back is capped at `MAX_TEXT` characters.
+The MCP session and the harness object live
 outside the checkpointed state, in `LIVE`, for the life of the episode;
 `run_episode` opens and always closes the session. Nothing private about the pair
 (acceptance rules, mutation, label) reaches the harness or the model.
@@ -39,9 +43,14 @@ from harness.remote import HookError, SandboxedHarness
 from roles.journal import call_scope, run_thread
 from roles.models import ChatModel, ContextLimitError, InfrastructureError, chat_model
 from state.context import Context, EpisodeRequest
-from state.records import Observation, ToolInfo, UsageRecord
+from state.records import Observation, ToolInfo, UsageRecord, capped
 
-Termination = Literal["final_answer", "turn_limit", "context_limit", "infrastructure_error", "harness_error"]
+Termination = Literal["final_answer", "turn_limit", "context_limit", "infrastructure_error", "harness_error", "environment_error"]
+TOOL_CRASH = "internal_error"  # the code `envs.runtime` gives a tool that raised or returned a value that is not JSON
+
+
+class EnvironmentFault(RuntimeError):
+    """A tool of the environment crashed: its defect, not the harness's (not a ValueError, which `view.lookup` hands the hook)."""
 
 
 @dataclass
@@ -131,6 +140,8 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
             raise ValueError(f"view.lookup: {name!r} is not a read-only tool of this environment")
         observation = (await _call_tool(live, ToolRequest(id="lookup", name=name, args=dict(args)))).model_copy(update={"source": "harness"})
         live.record(observation)
+        if observation.error_code == TOOL_CRASH:
+            raise _fault(observation)
         return observation
 
     view = EpisodeView(instruction=entry.pair.task.instruction.strip(), context=public_context(entry), tools=tools,
@@ -141,9 +152,10 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     live.read_only = {t.name: t.read_only for t in tools}
     try:
         await call_hook(harness.initialize, view)
-        system = await call_hook(harness.compose_instructions, view)
-    except HookError as exc:
-        return _harness_error(exc, live, messages=[], turns=0, harness_hash=bundle.hash)
+        system = capped(await call_hook(harness.compose_instructions, view))
+    except (HookError, EnvironmentFault) as exc:
+        return _ended(exc, live, messages=[], turns=0, harness_hash=bundle.hash)
+    view.instruction = capped(view.instruction)
     return Command(goto="agent", update={"messages": [SystemMessage(system), HumanMessage(view.instruction)], "turns": 0,
                                          "harness_hash": bundle.hash, **live.drain()})
 
@@ -154,8 +166,8 @@ async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     live.view.turn = state["turns"]
     try:
         messages = await call_hook(live.harness.prepare_turn, live.view, list(state["messages"]))
-    except HookError as exc:
-        return _harness_error(exc, live)
+    except (HookError, EnvironmentFault) as exc:
+        return _ended(exc, live)
     config = live.view.config
     try:
         done = await live.model.complete(messages, live.view.tools, max_tokens=config.max_output_tokens,
@@ -195,16 +207,19 @@ async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
         try:
             decision = await call_hook(live.harness.before_tool_call, live.view, request)
             if decision.action != "allow":
-                replies.append(ToolMessage(decision.message or "Blocked by the harness.", tool_call_id=request.id))
+                replies.append(ToolMessage(capped(decision.message or "Blocked by the harness."), tool_call_id=request.id))
                 if decision.action == "replan":
-                    replan = decision.message
+                    replan = capped(decision.message)
                 continue
             obs = await _call_tool(live, request)
-            shown = await call_hook(live.harness.present_result, live.view, request, obs)
+            if obs.error_code == TOOL_CRASH:  # recorded as it came back; no hook sees it
+                live.record(obs)
+                raise _fault(obs)
+            shown = capped(await call_hook(live.harness.present_result, live.view, request, obs))
             live.record(obs if shown == obs.text else obs.model_copy(update={"shown": shown}))
-            guidance = await call_hook(live.harness.after_tool_result, live.view, request, obs)
-        except HookError as exc:
-            return _harness_error(exc, live, messages=replies)
+            guidance = capped(await call_hook(live.harness.after_tool_result, live.view, request, obs) or "")
+        except (HookError, EnvironmentFault) as exc:
+            return _ended(exc, live, messages=replies)
         replies.append(ToolMessage(shown + (f"\n\n{guidance}" if guidance else ""), tool_call_id=request.id))
     if replan:
         replies.append(HumanMessage(replan))
@@ -229,22 +244,28 @@ async def _call_tool(live: Live, request: ToolRequest) -> Observation:
 async def finalizer(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "__end__"]]:
     """Lets the harness accept, replace, abstain on or revise the answer; writes `answer`, `termination`."""
     live = LIVE[state["episode_id"]]
-    answer = _text(state["messages"][-1])
+    answer = capped(_text(state["messages"][-1]))
     try:
         final = await call_hook(live.harness.finalize, live.view, answer)
-    except HookError as exc:
-        return _harness_error(exc, live)
+    except (HookError, EnvironmentFault) as exc:
+        return _ended(exc, live)
     drained = live.drain()
     if final.action == "revise" and state["turns"] < turn_limit(live, runtime.context):
-        return Command(goto="agent", update={"messages": [HumanMessage(final.text)], **drained})
+        return Command(goto="agent", update={"messages": [HumanMessage(capped(final.text))], **drained})
     if final.action in ("replace", "abstain"):
-        answer = final.text
+        answer = capped(final.text)
     return Command(goto=END, update={"answer": answer, "termination": "final_answer", **drained})
 
 
-def _harness_error(exc: HookError, live: Live, **update) -> Command:
-    """Ends the episode on a sandboxed hook's failure: the candidate's fault, so it is scored, not re-run."""
-    return Command(goto=END, update={**update, **live.drain(), "termination": "harness_error", "error": str(exc), "answer": ""})
+def _fault(observation: Observation) -> EnvironmentFault:
+    return EnvironmentFault(f"{observation.tool}({json.dumps(observation.args, default=str)}): {observation.message}")
+
+
+def _ended(exc: HookError | EnvironmentFault, live: Live, **update) -> Command:
+    """Ends the episode on a sandboxed hook's failure (the candidate's fault: scored, not re-run) or on a tool's
+    crash (the environment's: never scored); the error is kept with its message."""
+    termination = "environment_error" if isinstance(exc, EnvironmentFault) else "harness_error"
+    return Command(goto=END, update={**update, **live.drain(), "termination": termination, "error": capped(str(exc)), "answer": ""})
 
 
 def _text(message: BaseMessage) -> str:

@@ -6,8 +6,11 @@ trial, in that order, to `episode_worker`, which
 reuses a finished episode from the rollout cache (the ledger) or runs, grades
 and stores it, re-running infrastructure errors, and runs nothing more once a
 model's endpoint is down (`roles.models.endpoint_down`), which leaves the run
-incomplete for a resume; `scorer` computes the metrics. Concurrency is
-bounded by the caller's `max_concurrency`.
+incomplete for a resume; `scorer` computes the metrics. An episode is run
+under a claim on its key in the ledger: a concurrent evaluation that needs the
+same episode waits for the result instead of running it again, and every run
+scores the record the ledger holds. Concurrency is bounded by the caller's
+`max_concurrency`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
+import uuid
 from typing import Annotated
 
 from langchain_core.messages import messages_to_dict
@@ -33,9 +37,10 @@ from harness.check import check_bundle
 from roles.abstention_judge import abstention_judge
 from roles.models import InfrastructureError, endpoint_down
 from state.context import Context, EpisodeRequest
-from state.ledger import Ledger
-from state.records import EpisodeKey, EpisodeRecord, Grade, merge
+from state.ledger import Ledger, held
+from state.records import EpisodeKey, EpisodeRecord, Grade, capped, merge
 
+POLL_S = 1.0  # how often an episode that another evaluation is running is looked for in the ledger
 
 
 class EvaluateInput(TypedDict):
@@ -110,31 +115,40 @@ def fan_out_episodes(state: EvaluateState) -> list[Send]:
 
 
 async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
-    """Reuses or runs, grades and stores one episode, unless the agent's or the judge's endpoint is down; writes `results`."""
-    ctx, request = runtime.context, task["request"]
+    """Reuses, waits for (while another evaluation runs it) or runs, grades and stores one episode, unless the
+    agent's or the judge's endpoint is down; writes `results`, the record the ledger holds. An environment fault
+    is not re-run: the same tool fails the same way."""
+    ctx, request, run_id = runtime.context, task["request"], task["run_id"]
     ledger = await asyncio.to_thread(Ledger, ctx.ledger)
-    entry, key, cached = await asyncio.to_thread(_lookup, request, ctx, ledger)
-    if cached is not None:
-        await asyncio.to_thread(ledger.record_episode, task["run_id"], cached, True)
-        return {"results": {key.id: cached}}
+    entry, key = await asyncio.to_thread(_lookup, request, ctx)
+    owner = uuid.uuid4().hex
+    while True:
+        cached, holder = await asyncio.to_thread(ledger.claim_episode, key.id, run_id, owner)
+        if cached is not None:
+            await asyncio.to_thread(ledger.record_episode, run_id, cached, True)
+            return {"results": {key.id: cached}}
+        if holder is None:
+            break
+        await asyncio.sleep(POLL_S)
     record = None
-    for attempt in range(ctx.max_infra_retries + 1):
-        if endpoint_down(ctx.agent_model, ctx.judge_model):
-            break
-        record = await _attempt(entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
-        await asyncio.to_thread(ledger.record_episode, task["run_id"], record)
-        if record.status == "done":
-            break
+    async with held(ledger, f"episode:{key.id}", owner):
+        for attempt in range(ctx.max_infra_retries + 1):
+            if endpoint_down(ctx.agent_model, ctx.judge_model):
+                break
+            record = await _attempt(entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
+            record = await asyncio.to_thread(ledger.record_episode, run_id, record)
+            if record.status == "done" or record.termination == "environment_error":
+                break
     return {"results": {key.id: record}} if record is not None else {}
 
 
-def _lookup(request: EpisodeRequest, ctx: Context, ledger: Ledger) -> tuple[Entry, EpisodeKey, EpisodeRecord | None]:
-    """The pair, the rollout-cache key and the cached episode, in one trip off the event loop."""
+def _lookup(request: EpisodeRequest, ctx: Context) -> tuple[Entry, EpisodeKey]:
+    """The pair and the rollout-cache key, in one trip off the event loop."""
     entry = load_entry(request.pair_id, ctx.catalog or str(CATALOG))
     key = EpisodeKey(harness_hash=load_bundle(request.bundle).hash, env_hash=side_env(entry, request.side).hash,
                      task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial,
                      max_turns=ctx.max_turns)
-    return entry, key, ledger.episode(key.id)
+    return entry, key
 
 
 async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger, episode_id: str) -> EpisodeRecord:
@@ -143,7 +157,7 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
     try:
         out = await run_episode(request, ctx, episode_id, entry)
     except Exception as exc:  # endpoint, MCP server or sandbox failure: recorded and re-run, never scored
-        return EpisodeRecord(**base, status="infrastructure_error", error=f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+        return EpisodeRecord(**base, status="infrastructure_error", error=capped(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
     trajectory = {
         "termination": out.get("termination", ""),
         "answer": out.get("answer", ""),
@@ -151,9 +165,11 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
         "observations": tuple(out.get("observations", [])),
         "latency_s": time.perf_counter() - start,
     }
-    usage = list(out.get("usage", []))
+    usage, error = list(out.get("usage", [])), out.get("error", "")
     if out.get("termination") == "infrastructure_error":
-        return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=out.get("error", ""))
+        return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=error)
+    if out.get("termination") == "environment_error":  # the environment's defect: reported, never scored against the harness
+        return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=f"environment fault: {error}")
     try:
         facts = await asyncio.to_thread(deterministic_grade, entry, request.side, trajectory["observations"], trajectory["answer"],
                                         trajectory["messages"])
@@ -166,7 +182,7 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
         success = verdict.abstained and not facts["committed"]
     grade = Grade(side=request.side, success=success, abstained=verdict.abstained, committed=facts["committed"],
                   grounded=facts["grounded"], quote=verdict.quote, failures=facts["failures"])
-    return EpisodeRecord(**base, **trajectory, usage=tuple(usage + judge_usage), status="done", grade=grade)
+    return EpisodeRecord(**base, **trajectory, usage=tuple(usage + judge_usage), status="done", grade=grade, error=error)
 
 
 async def _judge(instruction: str, answer: str, ctx: Context, ledger: Ledger):

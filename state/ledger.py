@@ -3,17 +3,26 @@
 It holds private records: certifications, graded episodes (the rollout cache,
 keyed by harness hash, environment hash, task, side, model, seed and trial),
 runs, and the abstention judge's cached verdicts. Nothing in it is ever
-served to an agent.
+served to an agent. It also holds the claims that make one writer per episode
+and per run across processes: a claim names its owner (a token, pid, host and
+start time), is keyed `episode:<episode id>` or `run:<run id>` and is renewed
+while the owner works; one whose process is gone from this host, or not renewed
+for `LEASE_S`, is taken over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import socket
 import sqlite3
 import threading
+import time
+from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import AsyncIterator, Iterator
 
 import sqlite_utils
 
@@ -30,8 +39,16 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+LEASE_S = 120.0  # a claim not renewed for this long is taken over (its owner hangs, or ran on another host and is gone)
+RENEW_S = 20.0  # how often a claim's owner renews it: several renewals fit in a lease, on a loaded machine too
+HOST = socket.gethostname()
+
 _open: dict[Path, tuple[sqlite_utils.Database, threading.Lock]] = {}
 _open_lock = threading.Lock()
+
+
+class LedgerError(RuntimeError):
+    """The ledger file cannot be read, or has lost a run that other files still show."""
 
 
 class Ledger:
@@ -43,12 +60,22 @@ class Ledger:
         with _open_lock:
             if self.path not in _open or not self.path.exists():
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
-                # WAL with synchronous=NORMAL survives a killed process, which is the crash that matters here
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                _open[self.path] = (sqlite_utils.Database(conn), threading.Lock())
+                _open[self.path] = (sqlite_utils.Database(self._connect()), threading.Lock())
             self.db, self._lock = _open[self.path]
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
+        try:
+            # WAL with synchronous=NORMAL survives a killed process, which is the crash that matters here
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("create table if not exists claims (id text primary key, run_id text, owner text not null, "
+                         "pid integer, host text, started_at text, renewed_at real)")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise LedgerError(f"{self.path}: not a readable ledger ({exc}); move it aside to start a new one "
+                              "(every recorded run and episode is then forgotten) or restore it from a backup") from None
+        return conn
 
     def record_certification(self, cert: Certification) -> None:
         with self._lock:
@@ -71,33 +98,37 @@ class Ledger:
         return Certification(pair_id=row["pair_id"], feasible_hash=row["feasible_hash"],
                              infeasible_hash=row["infeasible_hash"], checks=tuple(json.loads(row["checks"])))
 
-    def record_episode(self, run_id: str, record: EpisodeRecord, reused: bool = False) -> None:
+    def record_episode(self, run_id: str, record: EpisodeRecord, reused: bool = False) -> EpisodeRecord:
         """Finished episodes are stored once per key; every attempt (or reuse
         from the cache) is logged, and an infrastructure error never
-        overwrites a finished episode."""
+        overwrites a finished episode. Returns the record the ledger holds
+        for the key (another writer's, if it finished first), so that a run
+        scores what the ledger holds."""
         row = {"id": record.key.id, "run_id": run_id, "pair_id": record.pair_id, "side": record.key.side,
                "bundle": record.bundle, "model": record.key.model, "trial": record.key.trial,
                "status": record.status, "record": record.model_dump_json(), "created_at": _now()}
         with self._lock:
-            if record.status == "done":
-                self._insert("episodes", row, pk="id", ignore=True)
+            stored = record.status != "done" or reused or self._insert("episodes", row, pk="id", ignore=True)
             self._insert(
                 "attempts",
                 {"episode_id": record.key.id, "run_id": run_id, "pair_id": record.pair_id, "side": record.key.side,
                  "status": "reused" if reused else record.status, "error": record.error, "created_at": row["created_at"]},
                 alter=True,
             )
+        return record if stored else self.episode(record.key.id)
 
     def episode(self, episode_id: str) -> EpisodeRecord | None:
         row = self._one("episodes", "id = ?", [episode_id])
         return EpisodeRecord.model_validate_json(row["record"]) if row else None
 
     def episodes(self, run_id: str | None = None) -> list[EpisodeRecord]:
-        where, args = ("id in (select episode_id from attempts where run_id = ?)", [run_id]) if run_id else (None, None)
+        """Finished episodes, or those a run finished or reused (not one it only failed and another run finished)."""
+        where, args = (("id in (select episode_id from attempts where run_id = ? and status in ('done', 'reused'))", [run_id])
+                       if run_id else (None, None))
         return [EpisodeRecord.model_validate_json(r["record"]) for r in self._rows("episodes", where, args, order_by="rowid")]
 
     def attempts(self, run_id: str) -> list[dict]:
-        return self._rows("attempts", "run_id = ?", [run_id], select="episode_id, status, error, created_at")
+        return self._rows("attempts", "run_id = ?", [run_id], select="episode_id, pair_id, side, status, error, created_at")
 
     def record_run(self, run_id: str, **fields) -> None:
         with self._lock:
@@ -155,29 +186,111 @@ class Ledger:
     def rounds(self, run_id: str) -> list[dict]:
         return self._rows("rounds", "run_id = ?", [run_id], order_by="round")
 
-    def _insert(self, table: str, row: dict, **how) -> None:
+    def claim_episode(self, episode_id: str, run_id: str, owner: str) -> tuple[EpisodeRecord | None, dict | None]:
+        """In one write transaction: (the finished record, None) when the episode is in the ledger, (None, the
+        holder's claim) while another owner that is alive holds it, else (None, None) and `owner` holds it now."""
+        with self._lock, self._transaction():
+            row = self._select_one("episodes", "id = ?", [episode_id])
+            if row is not None:
+                return EpisodeRecord.model_validate_json(row["record"]), None
+            return None, self._take(f"episode:{episode_id}", run_id, owner)
+
+    def claim_run(self, run_id: str, owner: str) -> dict | None:
+        """Claims a run for `owner`: None when it holds it now, else the claim of the live owner that does."""
+        with self._lock, self._transaction():
+            return self._take(f"run:{run_id}", run_id, owner)
+
+    def renew_claim(self, key: str, owner: str) -> None:
+        with self._lock:
+            self.db.conn.execute("update claims set renewed_at = ? where id = ? and owner = ?", [time.time(), key, owner])
+
+    def release_claim(self, key: str, owner: str) -> None:
+        with self._lock:
+            self.db.conn.execute("delete from claims where id = ? and owner = ?", [key, owner])
+
+    def claims(self) -> list[dict]:
+        return self._rows("claims", order_by="rowid")
+
+    def _take(self, key: str, run_id: str, owner: str) -> dict | None:
+        claim = self._select_one("claims", "id = ?", [key])
+        if claim is not None and claim["owner"] != owner and _alive(claim):
+            return claim
+        self.db.conn.execute("insert or replace into claims (id, run_id, owner, pid, host, started_at, renewed_at) "
+                             "values (?, ?, ?, ?, ?, ?, ?)", [key, run_id, owner, os.getpid(), HOST, _now(), time.time()])
+        return None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """A write transaction taken at once: a second process's claim waits for it, then reads what it wrote."""
+        self.db.conn.execute("begin immediate")
+        try:
+            yield
+        except BaseException:
+            self.db.conn.execute("rollback")
+            raise
+        self.db.conn.execute("commit")
+
+    def _insert(self, table: str, row: dict, **how) -> bool:
         """One plain INSERT, the per-episode path; sqlite-utils, which creates
-        the table or (with `alter`) adds columns, only when that fails."""
+        the table or (with `alter`) adds columns, only when that fails. Whether a row was added."""
         columns = ", ".join(f"[{c}]" for c in row)
         verb = "insert or ignore" if how.get("ignore") else "insert"
         try:
-            self.db.conn.execute(f"{verb} into [{table}] ({columns}) values ({', '.join('?' * len(row))})", list(row.values()))
+            cursor = self.db.conn.execute(f"{verb} into [{table}] ({columns}) values ({', '.join('?' * len(row))})", list(row.values()))
         except sqlite3.OperationalError:
             self.db[table].insert(row, **how)
+            return True
+        return cursor.rowcount > 0
+
+    def _select_one(self, table: str, where: str, args: list) -> dict | None:
+        """The first matching row (None without the table); the caller holds the lock."""
+        try:
+            cursor = self.db.conn.execute(f"select * from [{table}] where {where} limit 1", args)
+        except sqlite3.OperationalError as exc:
+            if str(exc).startswith("no such table"):
+                return None
+            raise
+        row = cursor.fetchone()
+        return dict(zip([c[0] for c in cursor.description], row)) if row else None
 
     def _one(self, table: str, where: str, args: list) -> dict | None:
         with self._lock:  # the connection is shared by threads: one statement at a time
-            try:
-                cursor = self.db.conn.execute(f"select * from [{table}] where {where} limit 1", args)
-            except sqlite3.OperationalError as exc:
-                if str(exc).startswith("no such table"):
-                    return None
-                raise
-            row = cursor.fetchone()
-            return dict(zip([c[0] for c in cursor.description], row)) if row else None
+            return self._select_one(table, where, args)
 
     def _rows(self, table: str, where: str | None = None, args: list | None = None, **how) -> list[dict]:
         with self._lock:
             if table not in self.db.table_names():
                 return []
             return list(self.db[table].rows_where(where, args, **how))
+
+
+def _alive(claim: dict) -> bool:
+    """Whether a claim's owner may still be working: renewed within the lease and, on this host, its process running."""
+    if time.time() - (claim["renewed_at"] or 0) > LEASE_S:
+        return False
+    if claim["host"] != HOST:
+        return True
+    try:
+        os.kill(claim["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+@asynccontextmanager
+async def held(ledger: Ledger, key: str, owner: str) -> AsyncIterator[None]:
+    """Renews `owner`'s claim on `key` every `RENEW_S` while the body runs, and releases it after."""
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(RENEW_S)
+            await asyncio.to_thread(ledger.renew_claim, key, owner)
+
+    renewal = asyncio.create_task(renew())
+    try:
+        yield
+    finally:
+        renewal.cancel()
+        await asyncio.to_thread(ledger.release_claim, key, owner)

@@ -318,6 +318,19 @@ class Grade(Record):
     failures: tuple[str, ...] = ()
 
 
+# Characters kept of any one text a harness hands back (an answer, a result as shown, guidance, a message) or of an
+# error, before it is stored, shown to a model or judged: a real answer is a few thousand; past this only cost grows
+# (one 40 MB answer was stored twice and sent the judge 10.5M tokens).
+MAX_TEXT = 65_536
+
+
+def capped(text: str, limit: int = MAX_TEXT) -> str:
+    """`text`, or its first `limit` characters and a marker saying how much there was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[... truncated by hera: {len(text):,} characters, the first {limit:,} kept]"
+
+
 class EpisodeKey(Record):
     harness_hash: str
     env_hash: str

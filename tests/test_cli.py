@@ -77,3 +77,32 @@ def test_errors_and_paths_stay_on_one_line_at_any_width(capsys, tmp_path, monkey
     assert f"error: --out {out}: not empty; give a new or empty directory (or --run-id to resume)" in capsys.readouterr().err.splitlines()
     code, _, err = run(capsys, tmp_path, "envs", "certify", "--all")
     assert code == 1 and "problem: category ambiguous_entity has 0 pairs; expected at least 4" in err.splitlines()
+
+
+def test_episode_show_gives_tool_and_hook_errors_with_their_messages(capsys, tmp_path, monkeypatch):
+    from graphs import cli
+    from state.ledger import Ledger
+    from state.records import Observation
+    from tests.test_report import episode
+
+    failed = Observation(tool="get_item", args={"sku": "X"}, ok=False, error_code="not_found", message="No items record with sku=X.",
+                         source="harness")
+    record = episode("p1", "act", False).model_copy(update={"observations": (failed,), "termination": "harness_error",
+                                                           "error": "hooks.py: Harness.finalize: raised KeyError: 'x'"})
+    Ledger(tmp_path / "ledger.db").record_episode("r1", record)
+    monkeypatch.setattr(cli.console, "width", 200)
+    code, _, err = run(capsys, tmp_path, "episode", "show", record.key.id)
+    cells = [cell.strip() for line in err.splitlines() for cell in line.split("│") if cell.strip() and cell.strip()[0] not in "┏┃┡├└"]
+    assert code == 0 and cells[-3:] == ['tool error (a harness lookup): get_item({"sku": "X"}) not_found: No items record with sku=X.',
+                                        "[harness_error] success=False abstained=False committed=False grounded=False",
+                                        "error: hooks.py: Harness.finalize: raised KeyError: 'x'"]
+
+
+def test_a_ledger_that_is_not_sqlite_is_one_clear_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+    (tmp_path / "ledger.db").write_bytes(bytes(range(256)) * 64)
+    expected = (f"error: {tmp_path / 'ledger.db'}: not a readable ledger (file is not a database); move it aside to start a new one "
+                "(every recorded run and episode is then forgotten) or restore it from a backup\n")
+    for argv in (["runs", "list"], ["eval", "--pairs", "shop-reserve-drill", "--model", "scripted:none"]):
+        code, out, err = run(capsys, tmp_path, *argv)
+        assert (code, out, err) == (2, "", expected)

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -308,3 +309,200 @@ def test_a_turn_outside_the_grammar_is_an_infrastructure_error_and_is_run_again(
     attempts = Ledger(context.ledger).attempts(run_id)
     assert [a["status"] for a in attempts] == ["infrastructure_error", "done"] and "malformed" in attempts[0]["error"]
     assert m.counts["act"] == 1 and m.totals["act"] == 1
+
+
+def test_two_concurrent_evaluations_run_each_episode_once(context, monkeypatch):
+    from graphs import evaluate as evaluate_graph
+    from graphs.report import evaluation
+    from state import ledger as ledger_module
+
+    monkeypatch.setattr(evaluate_graph, "POLL_S", 0.01)
+    waited = threading.Event()
+    claim = ledger_module.Ledger.claim_episode
+
+    def claim_episode(self, *args):
+        cached, holder = claim(self, *args)
+        if holder is not None:
+            waited.set()
+        return cached, holder
+
+    monkeypatch.setattr(ledger_module.Ledger, "claim_episode", claim_episode)
+
+    async def first_turn(messages, tools):
+        for _ in range(1000):  # a bounded wait: the other run finds this episode claimed before it can finish
+            if waited.is_set():
+                break
+            await asyncio.sleep(0.01)
+        return shop_agent(messages, tools)
+
+    # the model calls of one evaluation, strictly: a second computation of any episode would fail the script
+    scripted.register("agent", [first_turn] + [shop_agent] * 4)
+    scripted.register("judge", [shop_judge] * 2)
+
+    async def both():
+        return await asyncio.gather(api.evaluate("H0", [PAIR], context, run_id="one"), api.evaluate("H0", [PAIR], context, run_id="two"))
+
+    (_, one), (_, two) = asyncio.run(both())
+    scripted.assert_consumed()
+    assert waited.is_set()
+    assert one == two and one.complete and one.counts["pair"] == 1
+    ledger = Ledger(context.ledger)
+    assert evaluation(ledger, "one")[0] == one and evaluation(ledger, "two")[0] == two
+    statuses = sorted(a["status"] for run in ("one", "two") for a in ledger.attempts(run))
+    assert statuses == ["done", "done", "reused", "reused"]
+    assert ledger.claims() == []
+
+
+def test_two_evaluating_processes_run_each_episode_once(tmp_path):
+    from graphs.metrics import Metrics
+    from graphs.report import evaluation
+
+    env = {**os.environ, "HERA_RUNS": str(tmp_path / "runs")}
+    ledger, log = str(tmp_path / "ledger.db"), tmp_path / "log"
+    log.touch()
+    procs = {run: subprocess.Popen([sys.executable, "-m", "tests.drivers.evaluate_beside", ledger, str(log), run], env=env,
+                                   stdout=subprocess.PIPE, text=True) for run in ("one", "two")}
+    printed = {run: Metrics.model_validate_json(p.communicate(timeout=180)[0]) for run, p in procs.items()}
+    assert {p.returncode for p in procs.values()} == {0}
+    lines = [line.split() for line in log.read_text().splitlines()]
+    calls = sorted(what for _, what in lines if what != "waiting")
+    assert calls == ["agent"] * 5 + ["judge"] * 2  # what one evaluation asks, across both processes
+    assert any(what == "waiting" for _, what in lines)
+    assert printed["one"] == printed["two"] and printed["one"].complete and printed["one"].counts["pair"] == 1
+    for run, metrics in printed.items():
+        assert evaluation(Ledger(ledger), run)[0] == metrics
+
+
+def test_a_claim_of_a_live_process_on_the_run_refuses_a_second_evaluation(context, capsys):
+    Ledger(context.ledger).claim_run("busy", "another-owner")  # this process is alive: the claim stands
+    scripted.register("agent", [])
+    scripted.register("judge", [])
+    base = ["--catalog", str(FIXTURES), "--ledger", context.ledger]
+    assert main([*base, "eval", "--model", "scripted:agent", "--pairs", PAIR, "--run-id", "busy"]) == 2
+    assert f"run busy is being evaluated by pid {os.getpid()} on" in " ".join(capsys.readouterr().err.split())
+    assert Ledger(context.ledger).attempts("busy") == []
+
+
+def candidate(tmp_path, name: str, hooks: str) -> str:
+    """A copy of H0 with these hooks: a candidate, so they run in the sandbox."""
+    bundle = tmp_path / name
+    shutil.copytree(Path(__file__).parent.parent / "harness" / "bundles" / "H0", bundle)
+    (bundle / "hooks.py").write_text("from harness.abi import BaseHarness, Decision, Final\n\n" + hooks)
+    return str(bundle)
+
+
+def test_a_hook_error_is_stored_with_its_message_and_shown(context, tmp_path, capsys, monkeypatch):
+    from graphs import cli
+
+    bundle = candidate(tmp_path, "quota", "class Harness(BaseHarness):\n    def before_tool_call(self, view, call):\n"
+                                          "        if call.name == 'get_item':\n            raise RuntimeError('quota exceeded')\n"
+                                          "        return Decision()\n")
+    scripted.register("agent", [shop_agent] * 2)  # each side's first turn calls get_item; the hook fails; no answer to judge
+    scripted.register("judge", [])
+    run_id, m = asyncio.run(api.evaluate(bundle, [PAIR], context))
+    scripted.assert_consumed()
+    episodes = Ledger(context.ledger).episodes(run_id)
+    where = f"{bundle}/hooks.py: Harness.before_tool_call: raised RuntimeError: quota exceeded\nTraceback"
+    assert [(e.status, e.termination, e.error.startswith(where)) for e in episodes] == [("done", "harness_error", True)] * 2
+    assert m.complete and m.counts["act"] == m.counts["abstain"] == 0  # the candidate's failure is scored
+    monkeypatch.setattr(cli.console, "width", 400)
+    assert main(["--ledger", context.ledger, "episode", "show", episodes[0].key.id]) == 0
+    cells = [cell.strip() for line in capsys.readouterr().err.splitlines() for cell in line.split("│")]
+    assert cells.count(f"error: {bundle}/hooks.py: Harness.before_tool_call: raised RuntimeError: quota exceeded") == 2
+
+
+STOCK_REPORT = '''
+
+@read_tool
+def stock_report(db) -> dict:
+    """Returns when the stock was last counted."""
+    return {"counted": object()}
+'''
+
+
+@pytest.mark.parametrize("call, fault", [
+    ({"name": "buggy_write", "args": {"sku": "DR-220"}}, 'buggy_write({"sku": "DR-220"}): buggy_write failed: ZeroDivisionError: division by zero'),
+    ({"name": "stock_report", "args": {}},
+     "stock_report({}): tool returned a value that is not JSON: Object of type object is not JSON serializable"),
+])
+def test_a_tool_that_crashes_is_an_environment_fault_not_scored_nor_run_again(context, tmp_path, capsys, call, fault):
+    catalog = tmp_path / "catalog"
+    shutil.copytree(FIXTURES, catalog)
+    with open(catalog / "shop" / "tools.py", "a") as f:
+        f.write(STOCK_REPORT)
+    scripted.register("agent", [{"tool_calls": [call]}] * 2)  # one turn a side: the episode ends at the fault
+    scripted.register("judge", [])
+    run_id, m = asyncio.run(api.evaluate("H0", [PAIR], Context(**{**context.__dict__, "catalog": str(catalog)})))
+    scripted.assert_consumed()  # and not re-run: the same call fails the same way
+    attempts = Ledger(context.ledger).attempts(run_id)
+    assert [(a["side"], a["status"], a["error"]) for a in attempts] == [
+        (side, "infrastructure_error", f"environment fault: {fault}") for side in ("act", "abstain")]
+    assert not m.complete and m.finished == 0 and m.counts["over_abstain"] == 0 and Ledger(context.ledger).episodes(run_id) == []
+    assert main(["--ledger", context.ledger, "runs", "show", run_id, "--json"]) == 0
+    unfinished = json.loads(capsys.readouterr().out)["unfinished"]
+    assert [(u["pair_id"], u["side"], u["error"]) for u in unfinished] == [(PAIR, side, f"environment fault: {fault}") for side in ("act", "abstain")]
+
+
+def test_a_hook_lookup_of_a_crashing_tool_is_an_environment_fault(context, tmp_path):
+    bundle = candidate(tmp_path, "looker", "class Harness(BaseHarness):\n    async def before_tool_call(self, view, call):\n"
+                                           "        if view.lookup and call.name == 'get_item':\n"
+                                           "            await view.lookup('sneaky_read', {'sku': 'DR-220'})\n"
+                                           "        return Decision()\n")
+    scripted.register("agent", [shop_agent] * 2)
+    scripted.register("judge", [])
+    run_id, m = asyncio.run(api.evaluate(bundle, [PAIR], Context(**{**context.__dict__, "max_infra_retries": 0})))
+    scripted.assert_consumed()
+    errors = {a["side"]: a["error"] for a in Ledger(context.ledger).attempts(run_id)}
+    assert errors == {side: 'environment fault: sneaky_read({"sku": "DR-220"}): sneaky_read failed: '
+                            "OperationalError: attempt to write a readonly database" for side in ("act", "abstain")}
+    assert m.finished == 0
+
+
+def test_hook_answers_and_results_are_capped_before_storage_and_the_judge(context, tmp_path):
+    from state.records import MAX_TEXT
+
+    bundle = candidate(tmp_path, "verbose", "class Harness(BaseHarness):\n"
+                                            "    def present_result(self, view, call, observation):\n        return 'r' * 300_000\n\n"
+                                            "    def finalize(self, view, answer):\n"
+                                            "        return Final(action='replace', text='I cannot. ' + 'x' * 1_000_000)\n")
+    judged = []
+
+    def look_then_answer(messages, tools):
+        return "Done." if any(m.type == "tool" for m in messages) else {"tool_calls": [{"name": "get_item", "args": {"sku": "DR-220"}}]}
+
+    scripted.register("agent", [look_then_answer] * 4)
+    scripted.register("judge", [lambda messages, schema: judged.append(messages[-1].content) or shop_judge(messages, schema)] * 2)
+    run_id, _ = asyncio.run(api.evaluate(bundle, [PAIR], context))
+    answer = "I cannot. " + "x" * (MAX_TEXT - 10) + "\n[... truncated by hera: 1,000,010 characters, the first 65,536 kept]"
+    episodes = Ledger(context.ledger).episodes(run_id)
+    assert [e.answer for e in episodes] == [answer, answer]
+    shown = "r" * MAX_TEXT + "\n[... truncated by hera: 300,000 characters, the first 65,536 kept]"
+    assert {o.seen for e in episodes for o in e.observations} == {shown}
+    assert {m["data"]["content"] for e in episodes for m in e.messages if m["type"] == "tool"} == {shown}
+    assert len(judged) == 1 and answer in judged[0] and len(judged[0]) < MAX_TEXT + 5_000  # one verdict, cached for both
+
+
+def test_a_ledger_emptied_under_checkpointed_runs_is_said_and_its_runs_are_not_resumed(context, capsys):
+    from state import ledger as ledger_module
+
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    run_id, _ = evaluate(context)
+    path = Path(context.ledger).resolve()
+    ledger_module._open.pop(path)[0].conn.close()  # as a new process: no connection open on the old file
+    path.write_bytes(b"")
+    base = ["--catalog", str(FIXTURES), "--ledger", context.ledger]
+    checkpoints = Path(os.environ["HERA_RUNS"]) / "checkpoints.db"
+    assert main([*base, "runs", "list", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == [] and " ".join(err.split()) == (
+        f"note: the ledger {path} holds no runs, but {checkpoints} holds checkpoints of 1 evaluation run(s) ({run_id}): "
+        "if they were recorded in this ledger, it was emptied or replaced; restore it from a backup")
+    lost = f"run {run_id} has checkpoints in {checkpoints} but no row in the ledger {path}: the ledger was emptied or replaced; restore it from a backup"
+    assert main([*base, "runs", "show", run_id]) == 2
+    assert " ".join(capsys.readouterr().err.split()) == f"error: {lost}"
+    scripted.register("agent", [])  # a resume must not run anything
+    scripted.register("judge", [])
+    assert main([*base, "eval", "--model", "scripted:agent", "--judge-model", "scripted:judge", "--run-id", run_id, "--split", "train"]) == 2
+    assert f"error: {lost}, or start a new run (without --run-id); nothing was evaluated" in " ".join(capsys.readouterr().err.split())
+    assert Ledger(context.ledger).runs() == [] and Ledger(context.ledger).attempts(run_id) == []
