@@ -80,7 +80,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the forked child, before exec: SIGKILL when the evaluator dies, even by SIGKILL."""
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
@@ -141,7 +141,7 @@ def run_sandboxed(args: list[str], *, timeout_s: float = 30, memory_mb: int = 10
         argv, env = sandbox_command(args, workdir=workdir, cpu_s=int(timeout_s) + 10, memory_mb=memory_mb,
                                     max_processes=max_processes, hidden=hidden)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env, cwd=workdir, start_new_session=True, preexec_fn=_die_with_parent)
+                                text=True, env=env, cwd=workdir, start_new_session=True, preexec_fn=die_with_parent)
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -176,7 +176,7 @@ class Child:
         argv, env = await asyncio.to_thread(sandbox_command, args, workdir=workdir, cpu_s=cpu_s, memory_mb=memory_mb)
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env, cwd=workdir, start_new_session=True, preexec_fn=_die_with_parent, limit=cls.LINE_LIMIT)
+            env=env, cwd=workdir, start_new_session=True, preexec_fn=die_with_parent, limit=cls.LINE_LIMIT)
         return cls(proc, owner)
 
     async def send(self, message: dict, timeout_s: float) -> None:

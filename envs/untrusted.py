@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from envs.sandbox import _die_with_parent, kill, run_sandboxed, sandbox_command, scratch, workspace
+from envs.sandbox import die_with_parent, kill, run_sandboxed, sandbox_command, scratch, workspace
 from state.records import EnvironmentSpec, Observation, ToolInfo
 
 CALL_TIMEOUT_S = float(os.environ.get("HERA_TOOL_TIMEOUT_S", 30))
@@ -69,7 +69,7 @@ class ToolProcess:
         argv, env = sandbox_command(["-m", "envs.untrusted", "serve", "spec.json"], workdir=self._workdir, cpu_s=cpu_s, memory_mb=memory_mb)
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-                                      cwd=self._workdir, start_new_session=True, preexec_fn=_die_with_parent)
+                                      cwd=self._workdir, start_new_session=True, preexec_fn=die_with_parent)
         self._buffer = b""
         self.fault: str | None = None
         self._request({"op": "ready"}, STARTUP_S)

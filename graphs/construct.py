@@ -31,8 +31,10 @@ from langgraph.types import Command, Send
 from typing_extensions import TypedDict
 
 from envs.construct import describe_database, public_context, task_problems, task_spec, write_database, write_tools_module
-from envs.spec import load_database
-from harness.tool_sandbox import SandboxedTools, ToolSandboxError, check_task, check_tools
+from envs.runtime import EnvInstance
+from envs.spec import SpecError, load_database, load_environment
+from envs.untrusted import EnvironmentFault
+from harness.tool_sandbox import ToolSandboxError, check_task, check_tools
 from roles.environment_builder import environment_builder as build_database
 from roles.solver import solver as solve
 from roles.task_proposer import task_proposer as propose_tasks
@@ -157,12 +159,17 @@ async def solver(state: SolverInput, runtime: Runtime[Context]) -> dict:
     environment's public context; writes `attempts`, `usage`."""
     ctx = runtime.context
     context = await asyncio.to_thread(public_context, Path(state["out"]))
-    try:
-        async with SandboxedTools(state["out"]) as tools:
-            attempt = await solve(state["task_id"], state["instruction"], context, tools.tools, tools.call, ctx.solver_model,
-                                  state["max_turns"], ctx.model_timeout_s)
-    except ToolSandboxError as exc:
+    try:  # generated tools: every instance is served from a sandboxed child (envs.untrusted)
+        instance = await asyncio.to_thread(EnvInstance, await asyncio.to_thread(load_environment, state["out"]))
+    except (SpecError, EnvironmentFault) as exc:
         attempt = SolverAttempt(task_id=state["task_id"], answer="", termination="tool_server_error", error=str(exc))
+        return {"attempts": {state["task_id"]: attempt}, "usage": []}
+    try:
+        attempt = await solve(state["task_id"], state["instruction"], context, instance.public_tools,
+                              lambda name, args: asyncio.to_thread(instance.call, name, args), ctx.solver_model,
+                              state["max_turns"], ctx.model_timeout_s)
+    finally:
+        await asyncio.to_thread(instance.close)
     return {"attempts": {state["task_id"]: attempt}, "usage": list(attempt.usage)}
 
 

@@ -7,17 +7,27 @@ import asyncio
 import json
 import os
 import shutil
+import signal
+import socket
 import sqlite3
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from envs import sandbox
+from envs.runtime import EnvInstance
+from envs.sandbox import ROOT, isolation, run_sandboxed, scratch
+from envs.spec import load_environment
+from graphs.cli import main
 from harness.bundle import load_bundle
 from harness.remote import SandboxedHarness
-from envs.sandbox import ROOT, isolation, scratch
-from harness.tool_sandbox import SandboxedTools
+from roles import scripted
 from tests.conftest import FIXTURES
+from tests.scripts import shop_agent, shop_judge
 from tests.test_sandbox import candidate, view_for
 
 pytestmark = pytest.mark.skipif(isolation() != "namespaces", reason=f"isolation here is {isolation()!r}: no mount namespaces")
@@ -85,11 +95,12 @@ def test_no_environment_tool_reads_a_planted_answer(tmp_path, planted):
     tools.write_text(tools.read_text() + PROBE + "\n\n@read_tool\ndef peek(db) -> str:\n    \"\"\"Look around.\"\"\"\n"
                      f"    return probe({[str(p) for p in planted]!r})\n")
 
-    async def peek() -> str:
-        async with SandboxedTools(env) as served:
-            return (await served.call("peek", {})).output
-
-    assert asyncio.run(peek()).split(",") == ["FileNotFoundError", "OperationalError", "FileNotFoundError",
+    instance = EnvInstance(load_environment(env))
+    try:
+        seen = instance.call("peek").output
+    finally:
+        instance.close()
+    assert seen.split(",") == ["FileNotFoundError", "OperationalError", "FileNotFoundError",
                                               "FileNotFoundError", "FileNotFoundError"]
 
 
@@ -140,14 +151,11 @@ def test_the_two_sides_of_a_pair_share_no_channel(tmp_path):
 
 
 def test_a_killed_evaluators_working_directories_are_swept(tmp_path):
-    import subprocess
-    import sys
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
     left = Path(tempfile.gettempdir()) / f"hera-harness-{dead}-leftover"
     left.mkdir()
     (left / "bundle").mkdir()
-    import envs.sandbox as sandbox
 
     sandbox._sweep.cache_clear()
     mine = scratch("harness")
@@ -167,10 +175,6 @@ def _descendants(pid: int) -> set[int]:
 
 
 def test_sandboxed_children_die_with_a_killed_evaluator():
-    import signal
-    import subprocess
-    import sys
-    import time
 
     evaluator = subprocess.Popen([sys.executable, "-c", "from envs.sandbox import run_sandboxed\n"
                                   "run_sandboxed(['-c', 'import time; time.sleep(120)'], timeout_s=300)"], cwd=ROOT)
@@ -201,12 +205,7 @@ def custom_catalog(tmp_path: Path, extra: str) -> Path:
 
 
 def test_a_custom_catalogs_tools_never_run_in_the_evaluator(tmp_path, monkeypatch, capsys):
-    import json
-    import socket
 
-    from graphs.cli import main
-    from roles import scripted
-    from tests.scripts import shop_agent, shop_judge
 
     victim, marker = tmp_path / "victim.txt", tmp_path / "marker.txt"
     victim.write_text("keep me")
@@ -234,7 +233,6 @@ def test_a_custom_catalogs_tools_never_run_in_the_evaluator(tmp_path, monkeypatc
 
 
 def test_an_endless_loop_at_import_is_reported_not_hung(tmp_path, monkeypatch, capsys):
-    from graphs.cli import main
 
     monkeypatch.setattr("envs.untrusted.STARTUP_S", 5.0)
     catalog = custom_catalog(tmp_path, "\nwhile True:\n    pass\n")
@@ -243,8 +241,6 @@ def test_an_endless_loop_at_import_is_reported_not_hung(tmp_path, monkeypatch, c
 
 
 def test_a_tool_that_never_returns_is_an_environment_fault(tmp_path, monkeypatch):
-    from envs.runtime import EnvInstance
-    from envs.spec import load_environment
 
     monkeypatch.setattr("envs.untrusted.CALL_TIMEOUT_S", 2.0)
     catalog = custom_catalog(tmp_path, '\n\n@read_tool\ndef hang(db) -> int:\n    """Never returns."""\n    while True:\n        pass\n')
@@ -261,7 +257,6 @@ def test_a_tool_that_never_returns_is_an_environment_fault(tmp_path, monkeypatch
 
 def test_no_secret_of_the_evaluator_reaches_a_child(monkeypatch):
     """Neither the environment (an API key) nor another process's memory or command line (/proc)."""
-    from envs.sandbox import run_sandboxed
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-planted")
     code = ("import os, json\n"
