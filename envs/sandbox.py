@@ -1,15 +1,18 @@
 """Run untrusted code (generated tools, harness candidates) in a contained child.
 
 The child is started through this file run as a script, the jail: inside
-fresh mount, network and PID namespaces it mounts an empty read-only tmpfs
-over each private directory (the catalog with its labels, the runs directory
-with the ledger, the test fixtures, the model cache), drops to a throwaway
-unprivileged uid (or, when the evaluator is not root, into a nested user
-namespace, which locks those mounts), sets CPU, memory, process-count and
-file-size limits and execs the command with a scrubbed environment. The
-project's code stays importable; only data is hidden. Where namespaces are
-unavailable the jail falls back to `unshare -n`, then to limits only;
-`isolation()` says which is in force, so a report never claims more than it got.
+fresh mount, network and PID namespaces it builds a new root on an empty
+tmpfs holding only what the child may see, read-only (the system's programs
+and libraries, the interpreter with its packages, the project's code
+packages with the catalog covered again), plus its own working directory, a
+private /tmp and a few devices; it detaches the host's root (pivot_root),
+drops to a throwaway unprivileged uid (or, when the evaluator is not root,
+into a nested user namespace, which locks those mounts), sets CPU, memory,
+process-count and file-size limits and execs the command with a scrubbed
+environment. Home, the host's /tmp, runs, ledgers and every catalog are out
+of sight. Where namespaces are unavailable the jail falls back to
+`unshare -n`, then to limits only; `isolation()` says which is in force, so a
+report never claims more than it got.
 """
 
 from __future__ import annotations
@@ -86,9 +89,9 @@ def die_with_parent() -> None:
 
 
 def private_dirs() -> tuple[Path, ...]:
-    """What a sandboxed child must not read: the catalog (pair files carry labels),
-    the runs directory (the ledger's labels and certifications), the test
-    fixtures, the model cache and the repository history (which holds all of them)."""
+    """What a sandboxed child must not read, covered again should the new root
+    show it: the catalog inside the code packages (pair files carry labels),
+    the runs directory, the test fixtures, the model cache and the history."""
     # Imported here: the jail runs this file without the project's packages.
     from state.ledger import runs_dir
 
