@@ -324,6 +324,10 @@ def _jail(spec: dict, argv: list[str]) -> None:
         new = os.path.join(workdir, ".root")
         os.makedirs(new, exist_ok=True)
         mount("none", new, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755", "mounting the new root")
+        # The private /tmp first: what is bound below may live under the host's /tmp (a clone, its venv).
+        for private in ("/tmp", "/dev/shm"):
+            os.makedirs(new + private, exist_ok=True)
+            mount("none", new + private, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=64m,mode=1777", f"mounting a private {private}")
         for path in spec["root"]:
             target = new + path
             if os.path.islink(path):
@@ -337,9 +341,6 @@ def _jail(spec: dict, argv: list[str]) -> None:
             os.symlink(to, f"{new}/dev/{name}")
         os.makedirs(f"{new}/proc")
         mount("proc", f"{new}/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None, "mounting /proc")
-        for private in ("/tmp", "/dev/shm"):
-            os.makedirs(new + private, exist_ok=True)
-            mount("none", new + private, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=64m,mode=1777", f"mounting a private {private}")
         bind(workdir, new + workdir, writable=True)
         os.chdir(new)
         check(libc.syscall(_SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")

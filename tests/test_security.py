@@ -30,7 +30,13 @@ from tests.conftest import FIXTURES
 from tests.scripts import shop_agent, shop_judge
 from tests.test_sandbox import candidate, view_for
 
-pytestmark = pytest.mark.skipif(isolation() != "namespaces", reason=f"isolation here is {isolation()!r}: no mount namespaces")
+REQUIRED = os.environ.get("HERA_REQUIRE_ISOLATION")  # CI sets it: a sandbox that silently degrades must fail, not skip
+needs_namespaces = pytest.mark.skipif(isolation() != "namespaces", reason=f"isolation here is {isolation()!r}: no mount namespaces")
+
+
+@pytest.mark.skipif(not REQUIRED, reason="HERA_REQUIRE_ISOLATION is not set")
+def test_the_sandbox_gives_the_isolation_required():
+    assert isolation() == REQUIRED
 
 ANSWER = "label: abstain, witness: R-7"
 
@@ -75,6 +81,7 @@ def probe(paths):
 '''
 
 
+@needs_namespaces
 def test_no_hook_reads_a_planted_answer(tmp_path, planted):
     bundle = candidate(tmp_path, "    def compose_instructions(self, view):\n"
                                  f"        return probe({[str(p) for p in planted]!r})\n")
@@ -88,6 +95,7 @@ def test_no_hook_reads_a_planted_answer(tmp_path, planted):
                                                "FileNotFoundError", "FileNotFoundError"])
 
 
+@needs_namespaces
 def test_no_environment_tool_reads_a_planted_answer(tmp_path, planted):
     env = tmp_path / "shop"
     shutil.copytree(FIXTURES / "shop", env)
@@ -104,6 +112,7 @@ def test_no_environment_tool_reads_a_planted_answer(tmp_path, planted):
                                               "FileNotFoundError", "FileNotFoundError"]
 
 
+@needs_namespaces
 def test_the_two_sides_of_a_pair_share_no_channel(tmp_path):
     """The act episode leaves what it saw in every shared place it can think of;
     the abstain episode, running beside it, finds none of it."""
@@ -150,6 +159,7 @@ def test_the_two_sides_of_a_pair_share_no_channel(tmp_path):
     assert not any(Path(path).exists() for path in places)  # nor did the host see it
 
 
+@needs_namespaces
 def test_a_killed_evaluators_working_directories_are_swept(tmp_path):
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
@@ -174,6 +184,7 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+@needs_namespaces
 def test_sandboxed_children_die_with_a_killed_evaluator():
 
     evaluator = subprocess.Popen([sys.executable, "-c", "from envs.sandbox import run_sandboxed\n"
@@ -204,6 +215,7 @@ def custom_catalog(tmp_path: Path, extra: str) -> Path:
     return env.parent
 
 
+@needs_namespaces
 def test_a_custom_catalogs_tools_never_run_in_the_evaluator(tmp_path, monkeypatch, capsys):
 
 
@@ -232,6 +244,7 @@ def test_a_custom_catalogs_tools_never_run_in_the_evaluator(tmp_path, monkeypatc
     server.close()
 
 
+@needs_namespaces
 def test_an_endless_loop_at_import_is_reported_not_hung(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr("envs.untrusted.STARTUP_S", 5.0)
@@ -240,6 +253,7 @@ def test_an_endless_loop_at_import_is_reported_not_hung(tmp_path, monkeypatch, c
     assert f"{catalog / 'shop' / 'tools.py'}: (module): a module that loads within 5s in the sandbox" in capsys.readouterr().err
 
 
+@needs_namespaces
 def test_a_tool_that_never_returns_is_an_environment_fault(tmp_path, monkeypatch):
 
     monkeypatch.setattr("envs.untrusted.CALL_TIMEOUT_S", 2.0)
@@ -255,6 +269,7 @@ def test_a_tool_that_never_returns_is_an_environment_fault(tmp_path, monkeypatch
         instance.close()
 
 
+@needs_namespaces
 def test_no_secret_of_the_evaluator_reaches_a_child(monkeypatch):
     """Neither the environment (an API key) nor another process's memory or command line (/proc)."""
 
