@@ -281,7 +281,7 @@ def get_disclosure_log(db, recipient_id: str) -> dict:
     drugs it covers) and every aggregate count already released to it.
 
     Args:
-        recipient_id: A recipient id such as "RCP-CDPH", or a fragment of the recipient's name.
+        recipient_id: A recipient id such as "RCP-QQQQ", or a fragment of the recipient's name.
     """
     rows = find(db, "recipients", recipient_id=recipient_id.strip().upper())
     if not rows:

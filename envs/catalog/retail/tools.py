@@ -396,7 +396,7 @@ def create_exchange(db, staff_id: str, return_id: str, new_sku: str, warehouse_i
         staff_id: The staff member setting up the exchange.
         return_id: The return being exchanged.
         new_sku: The SKU of the replacement.
-        warehouse_id: The warehouse the replacement ships from, e.g. "WH-RNO".
+        warehouse_id: The warehouse the replacement ships from, e.g. "WH-QQQ".
     """
     _active_staff(db, staff_id)
     ret = one(db, "returns", return_id=return_id)
