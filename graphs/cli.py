@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.tree import Tree
 
-from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog, load_entry
+from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog, load_entry, public_text_findings
 from envs.certify import certify
 from envs.mcp_server import serve_stdio, side_environment
 from envs.mutation import apply_mutation
@@ -183,11 +183,17 @@ def _entry(args: argparse.Namespace, pair_id: str) -> Entry:
     try:
         return load_entry(pair_id, args.catalog)
     except KeyError:
-        raise UsageError(f"unknown pair {pair_id!r} (see `hera envs list`)") from None
+        raise UsageError(f"unknown pair {pair_id!r} in catalog {args.catalog} (see `hera envs list --catalog {args.catalog}`)") from None
+
+
+def builtin_catalog(catalog: str | Path) -> bool:
+    return Path(catalog).resolve() == CATALOG.resolve()
 
 
 def envs_list(args: argparse.Namespace) -> int:
-    entries = _entries(args)
+    """What loads is listed; each environment or pair that does not is reported, and the exit is 2."""
+    errors: list[SpecError] = []
+    entries = _entries(args, errors)
     ledger = Ledger(args.ledger)
     rows = []
     for pair_id, e in entries.items():
@@ -199,16 +205,18 @@ def envs_list(args: argparse.Namespace) -> int:
         rows.append({"pair": pair_id, "theme": e.env.theme, "split": e.pair.split,
                      "category": e.pair.mutation.category, "certification": status})
     if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
+        print(json.dumps(rows if not errors else {"pairs": rows, "errors": [str(e) for e in errors]}, indent=1))
+        return 2 if errors else 0
     table = Table(title=f"{len(rows)} pairs")
     for col in ("pair", "theme", "split", "category", "certification"):
         table.add_column(col)
     for r in rows:
         style = {"certified": "green", "FAILED": "red"}.get(r["certification"], "dim")
-        table.add_row(*(r[c] for c in ("pair", "theme", "split", "category")), f"[{style}]{r['certification']}[/]")
+        table.add_row(*(escape(r[c]) for c in ("pair", "theme", "split", "category")), f"[{style}]{r['certification']}[/]")
     console.print(table)
-    return 0
+    for error in errors:
+        say(f"[red]error:[/] {escape(str(error))}")
+    return 2 if errors else 0
 
 
 def envs_show(args: argparse.Namespace) -> int:
@@ -227,26 +235,26 @@ def envs_show(args: argparse.Namespace) -> int:
     tools.add_column("kind")
     tools.add_column("description")
     for t in tool_infos(env).values():
-        tools.add_row(t.name, "read" if t.read_only else "[yellow]write[/]", t.description.splitlines()[0])
+        tools.add_row(escape(t.name), "read" if t.read_only else "[yellow]write[/]", escape(t.description.splitlines()[0]))
     console.print(tools)
     sides = Table(title="sides")
     sides.add_column("side")
     sides.add_column("environment")
     sides.add_column("should")
-    sides.add_row("act", f"{env.id} @ {env.hash}", "complete the task")
-    sides.add_row("abstain", f"{env.id} @ {mutated.hash} (parent {mutated.parent_hash})", "abstain")
+    sides.add_row("act", escape(f"{env.id} @ {env.hash}"), "complete the task")
+    sides.add_row("abstain", escape(f"{env.id} @ {mutated.hash} (parent {mutated.parent_hash})"), "abstain")
     console.print(sides)
     ops = [f"{o.op} {o.table}[{o.key if o.op != 'insert' else '…'}] {o.fields or o.row or ''}" for o in m.state]
     ops += [f"{p.op} tool {p.tool} {p.when or p.where or ''} {p.fields or p.error_code}" for p in m.tools]
     body = "\n".join([
         f"[bold]category[/] {m.category}",
-        f"[bold]what changed[/] {m.description}",
-        f"[bold]breaks[/] {m.requirement}",
-        "[bold]patch[/]\n  " + "\n  ".join(ops),
-        f"[bold]scope[/] rows {dict(m.scope.rows)} tools {list(m.scope.tools)}",
-        f"[bold]evidence[/] {m.evidence.tool} shows {m.evidence.contains!r}",
-        f"[bold]witness[/] {list(m.witness)}",
-        f"[bold]still reportable[/] {', '.join(m.reportable) or '-'}",
+        f"[bold]what changed[/] {escape(m.description)}",
+        f"[bold]breaks[/] {escape(m.requirement)}",
+        "[bold]patch[/]\n  " + "\n  ".join(escape(op) for op in ops),
+        f"[bold]scope[/] {escape(f'rows {dict(m.scope.rows)} tools {list(m.scope.tools)}')}",
+        f"[bold]evidence[/] {escape(f'{m.evidence.tool} shows {m.evidence.contains!r}')}",
+        f"[bold]witness[/] {escape(str(list(m.witness)))}",
+        f"[bold]still reportable[/] {escape(', '.join(m.reportable) or '-')}",
     ])
     console.print(Panel(body, title="mutation (private)"))
     console.print(_cert_table([cert]))
@@ -260,7 +268,7 @@ def _cert_table(certs: list[Certification]) -> Table:
     for cert in certs:
         for i, c in enumerate(cert.checks):
             result = "[green]pass[/]" if c.passed else "[red]FAIL[/]"
-            table.add_row(cert.pair_id if i == 0 else "", c.name, result, c.detail)
+            table.add_row(escape(cert.pair_id) if i == 0 else "", escape(c.name), result, escape(c.detail))
         table.add_section()
     return table
 
@@ -285,7 +293,11 @@ def envs_certify(args: argparse.Namespace) -> int:
             ledger.record_certification(cert)
             certs.append(cert)
             progress.advance(task)
-    problems = [str(e) for e in errors] + (catalog_problems(entries) if args.all else [])
+    if args.all:
+        problems = [str(e) for e in errors] + catalog_problems(entries, quotas=args.quotas or builtin_catalog(args.catalog))
+    else:  # the named pairs' values must not show in their environment's public text either
+        envs = {e.env.id: e.env for e in chosen}
+        problems = [str(f) for env in envs.values() for f in public_text_findings(env, [e.pair for e in chosen if e.env.id == env.id])]
     failed = [c.pair_id for c in certs if not c.passed]
     if args.json:
         print(json.dumps({"certifications": [c.model_dump() for c in certs], "problems": problems}, indent=1))
@@ -1050,7 +1062,7 @@ def add_serve(top: argparse._SubParsersAction) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hera", description="Harness–environment co-evolution for agentic abstention.")
-    p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one)")
+    p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one); every command that reads pairs also takes it")
     p.add_argument("--ledger", default=None, help="ledger file (default: $HERA_RUNS/hera.db, else runs/hera.db)")
     top = p.add_subparsers(dest="command", required=True)
     add_serve(top)
@@ -1068,6 +1080,8 @@ def parser() -> argparse.ArgumentParser:
     cert.add_argument("--all", action="store_true")
     cert.add_argument("--json", action="store_true")
     cert.add_argument("-v", "--verbose", action="store_true", help="show every check of every pair")
+    cert.add_argument("--quotas", action="store_true",
+                      help="hold a custom catalog to the built-in one's split, tier and category quotas (always on for the built-in catalog)")
     cert.add_argument("--rescue-budget", type=positive_int, default=MAX_CALLS, help=f"read calls per rescue search (default {MAX_CALLS})")
     cert.set_defaults(run=envs_certify)
     serve = envs.add_parser("serve", help="serve one side of a pair as an MCP server on stdio")
@@ -1160,7 +1174,12 @@ def parser() -> argparse.ArgumentParser:
     df.set_defaults(run=diff_bundles)
     _add_report_parsers(top)
     _add_coevolution_parsers(top)
+    for sub in [*envs.choices.values(), *(top.choices[name] for name in CATALOG_COMMANDS)]:
+        sub.add_argument("--catalog", default=argparse.SUPPRESS, help="catalog directory (default: the built-in one)")
     return p
+
+
+CATALOG_COMMANDS = ("eval", "evolve-harness", "evolve-envs", "coevolve", "compare", "transfer")
 
 
 def main(argv: list[str] | None = None) -> int:
