@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import sys
@@ -24,10 +25,11 @@ from rich.tree import Tree
 
 from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog, load_entry, public_text_findings
 from envs.certify import certify
+from envs.importer import import_suite
 from envs.mcp_server import serve_stdio, side_environment
 from envs.mutation import apply_mutation
 from envs.rescue import MAX_CALLS
-from envs.spec import SpecError, tool_infos
+from envs.spec import SpecError, load_environment, tool_infos
 from graphs import api
 from graphs.api import split_pairs
 from graphs.coevolution import CONFIGS, PRESETS
@@ -373,6 +375,25 @@ def envs_build(args: argparse.Namespace) -> int:
     return 0 if result["status"] == "built" and result["kept"] else 1
 
 
+def envs_import(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out}: not empty; give a new or empty directory")
+    report = import_suite(args.src, out, env_id=args.id, description=args.description)
+    env = load_environment(out)
+    report.notes += [str(f) for f in public_text_findings(env)]
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report), indent=1))
+        return 0
+    tables = ", ".join(f"{name} ({n})" for name, n in report.tables.items())
+    say(f"imported {escape(report.env_id)} into {escape(str(out))}: tables {escape(tables)}; "
+        f"{len(report.references)} reference(s); {len(report.tasks)} task(s) in tasks/")
+    for note in report.notes:
+        say(f"[yellow]note:[/] {escape(note)}")
+    say(f"next: write the bodies of the {len(report.tools)} tool(s) in {escape(str(out / 'tools.py'))} (they raise NotImplementedError)")
+    return 0
+
+
 def add_envs_build(envs: argparse._SubParsersAction) -> None:
     build = envs.add_parser("build", help="build an environment and validated tasks from a theme; exit 1 if none is kept")
     build.add_argument("--theme", required=True, help="what the environment is about, in a few words")
@@ -387,6 +408,13 @@ def add_envs_build(envs: argparse._SubParsersAction) -> None:
     build.add_argument("--run-id", help="resume this build")
     build.add_argument("--json", action="store_true")
     build.set_defaults(run=envs_build)
+    imp = envs.add_parser("import", help="a suite (db.json, tasks.json, tools.json) as an environment with a tools.py skeleton and tasks/")
+    imp.add_argument("src", metavar="SRC", help="the suite's directory")
+    imp.add_argument("--out", required=True, help="a new or empty directory for the environment")
+    imp.add_argument("--id", help="the environment id (default: SRC's name in kebab case)")
+    imp.add_argument("--description", help="the environment's public description")
+    imp.add_argument("--json", action="store_true")
+    imp.set_defaults(run=envs_import)
 
 
 def run_eval(args: argparse.Namespace) -> int:
