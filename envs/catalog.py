@@ -127,10 +127,15 @@ def public_text_findings(env: EnvironmentSpec, pairs: list[PairSpec] = ()) -> li
             data.setdefault(value.casefold(), f"a value of pair {pair.id}")
     for choice in _choices(env):  # a closed set of choices the schema enforces is the tool's vocabulary, not data
         data.pop(choice.casefold(), None)
+    words = {v: src for v, src in data.items() if len(v) >= 4}
     found = []
     for where, text in public_texts(env):
-        shown = {a or b for a, b in _QUOTED.findall(text)} | set(_ID_SHAPED.findall(text))
+        quoted = {a or b for a, b in _QUOTED.findall(text)}
+        shown = quoted | set(_ID_SHAPED.findall(text))
         found += [Finding(env.id, where, value, data[value.casefold()]) for value in sorted(shown) if value.casefold() in data]
+        for example in sorted(q for q in quoted if q.casefold() not in data):  # a search example made of a pair's words
+            inside = [v for v in words if re.search(r"(?<![\w-])" + re.escape(v) + r"(?![\w-])", example.casefold())]
+            found += [Finding(env.id, where, example, f"holding {v!r}, {words[v]}") for v in inside]
     return found
 
 

@@ -131,7 +131,7 @@ def search_catalog(db, query: str) -> dict:
     of the query must appear in the entry's id, name, description or system name.
 
     Args:
-        query: Words to look for, for example "netsuite approver" or "looker".
+        query: Words to look for, for example "wiki editor" or "looker".
     """
     words = [w.casefold() for w in query.split() if w.strip()]
     if not words:

@@ -211,7 +211,7 @@ def search_catalogue(db, query: str, store_id: str) -> list[dict]:
     interchange group and the stock on hand at one store.
 
     Args:
-        query: Words to match, for example "lisinopril" or "statin".
+        query: Words to match, for example "lisinopril" or "antihistamine".
         store_id: The store whose stock to show: a store id such as "ST-9999" or a fragment of its name.
     """
     store = _store(db, store_id)

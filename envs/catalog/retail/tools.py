@@ -181,7 +181,7 @@ def search_products(db, query: str, ship_to_state: str | None = None) -> list[di
     the competitor price checks staff have logged for it.
 
     Args:
-        query: Words to look for, e.g. "headlamp", "Ridgeline brown 10" or a SKU.
+        query: Words to look for, e.g. "headlamp", "Trailcrest grey 9" or a SKU.
         ship_to_state: Optional two-letter US state to estimate delivery dates to, e.g. "CA".
     """
     words = [w for w in query.casefold().split() if w]
