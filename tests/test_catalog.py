@@ -60,9 +60,8 @@ def test_policy_and_description_showing_a_pairs_value_are_findings(tmp_path):
     assert [(f.where, f.value, f.source) for f in public_text_findings(env, [entry.pair])] == [
         ("environment.yaml description", "2026-03-19", "a value of pair retail-boot-exchange-no-fit")]
     env = env.model_copy(update={"description": 'Search for words such as "Ridgeline blue 8".'})
-    assert [str(f) for f in public_text_findings(env, [entry.pair])] == [
-        "environment retail: environment.yaml description shows 'Ridgeline blue 8', holding 'ridgeline', a value of pair"
-        " retail-boot-exchange-no-fit; an example must resolve to no row"]
+    assert [(f.value, f.source) for f in public_text_findings(env, [entry.pair])] == [
+        ("Ridgeline blue 8", "holding 'ridgeline', a value of pair retail-boot-exchange-no-fit")]
 
 
 def test_the_built_in_catalog_shows_no_data_in_its_public_text():
