@@ -10,6 +10,7 @@ made child tables, references where every value is another table's key, a
 from __future__ import annotations
 
 import json
+import keyword
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,6 +197,9 @@ def _function(path: Path, i: int, schema: Any) -> dict:
     params = fn.get("parameters") or {"type": "object", "properties": {}}
     if not isinstance(params.get("properties", {}), dict):
         raise SpecError(path, f"[{i}].parameters.properties", "an object of parameter schemas")
+    for name in params.get("properties", {}):
+        if not name.isidentifier() or keyword.iskeyword(name) or name == "db":
+            raise SpecError(path, f"[{i}].parameters.properties.{name}", "a parameter name that is a Python identifier (not a keyword, not 'db')")
     return {"name": fn["name"], "description": str(fn.get("description") or fn["name"].replace("_", " ")).strip(),
             "properties": params.get("properties", {}), "required": list(params.get("required", []))}
 

@@ -370,7 +370,7 @@ def envs_build(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        say(f"{result['status']}: {result['environment']} in {out}, {len(result['kept'])} validated task(s); "
+        say(f"{result['status']}: {escape(str(result['environment']))} in {escape(str(out))}, {len(result['kept'])} validated task(s); "
                       f"every decision in {result['log']}")
     return 0 if result["status"] == "built" and result["kept"] else 1
 
@@ -517,7 +517,7 @@ def runs_show(args: argparse.Namespace) -> int:
     for col in ("episode", "pair", "side", "trial", "termination", "success", "abstained", "committed", "grounded", "turns"):
         table.add_column(col)
     for e in episodes:
-        table.add_row(e.key.id, e.pair_id, e.key.side, str(e.key.trial), e.termination or e.status,
+        table.add_row(escape(e.key.id), escape(e.pair_id), e.key.side, str(e.key.trial), e.termination or e.status,
                       *(_flag(e.grade, n) for n in ("success", "abstained", "committed", "grounded")),
                       str(sum(1 for m in e.messages if m.get("type") == "ai")))
     console.print(table)
@@ -583,9 +583,9 @@ def episode_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.model_dump() for r in sides], indent=1, default=str))
         return 0
-    table = Table(title=f"{record.pair_id} — trial {record.key.trial}, {record.bundle} × {record.key.model}", show_lines=True)
+    table = Table(title=escape(f"{record.pair_id} — trial {record.key.trial}, {record.bundle} × {record.key.model}"), show_lines=True)
     for r in sides:
-        table.add_column(f"{r.key.side} ({r.key.id})", ratio=1, overflow="fold")
+        table.add_column(escape(f"{r.key.side} ({r.key.id})"), ratio=1, overflow="fold")
     columns = [_trajectory(r) for r in sides]
     for row in itertools.zip_longest(*columns, fillvalue=""):
         table.add_row(*row)
