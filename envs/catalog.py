@@ -75,22 +75,91 @@ def _duplicate(path: Path, pair_id: str, other: Path) -> None:
     raise SpecError(path, "id", f"a unique pair id; {pair_id!r} is also in {other}")
 
 
-def example_ids(env: EnvironmentSpec) -> list[tuple[str, str]]:
-    """(tool, id) where a tool's public description quotes the key of a real row as an example: an agent copies
-    such an example instead of looking the record up, and a check that lets public text through lets it pass."""
-    keys = {str(r[t.primary_key]) for t in env.tables for r in env.rows.get(t.name, ()) if any(ch.isdigit() for ch in str(r[t.primary_key]))}
-    found = []
+_QUOTED = re.compile(r'"([^"\n]+)"|`([^`\n]+)`')
+_ID_SHAPED = re.compile(r"(?<![\w-])(?:(?=[\w-]*\d)[A-Za-z0-9][\w-]*[A-Za-z0-9]|[A-Z]{2,}(?:-[A-Za-z0-9]+)+)(?![\w-])")
+_VOCABULARY = re.compile(r"[a-z0-9_ ]+|\d{1,3}|[A-Z]{1,3}")  # words of a closed vocabulary (a decision, a status, a currency)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """`value` appears in the public text at `where` and is data: a row's key or a value a pair's reference,
+    answer or witness uses (`source`)."""
+
+    env: str
+    where: str
+    value: str
+    source: str
+
+    def __str__(self) -> str:
+        return f"environment {self.env}: {self.where} shows {self.value!r}, {self.source}; an example must resolve to no row"
+
+
+def public_texts(env: EnvironmentSpec) -> list[tuple[str, str]]:
+    """(where, text) for everything an agent reads about the environment before it calls a tool."""
+    texts = [("environment.yaml description", env.description), ("policy.md", env.policy)]
     for tool in tool_infos(env).values():
-        texts = [tool.description, *(p.get("description", "") for p in tool.input_schema.get("properties", {}).values())]
-        quoted = {q for text in texts for q in re.findall(r'"([^"]+)"', text)}
-        found += [(tool.name, key) for key in sorted(quoted & keys)]
+        texts.append((f"tool {tool.name}", tool.description))
+        texts += [(f"tool {tool.name}({arg})", p.get("description") or "") for arg, p in tool.input_schema.get("properties", {}).items()]
+    return texts
+
+
+def _scalars(value) -> list[str]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _scalars(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _scalars(v)]
+    return [] if value is None or isinstance(value, bool) else [str(value)]
+
+
+def pair_values(pair: PairSpec) -> list[str]:
+    """The data a pair's reference calls, answer checks and witness use, less closed-vocabulary words."""
+    values = _scalars([c.args for c in pair.task.reference.calls]) + _scalars([[a.value, *a.any_of] for a in pair.task.answer])
+    values += _scalars(list(pair.mutation.witness))
+    return [v for v in values if v.strip() and not _VOCABULARY.fullmatch(v)]
+
+
+def public_text_findings(env: EnvironmentSpec, pairs: list[PairSpec] = ()) -> list[Finding]:
+    """Examples in the environment's public text (quoted or id-shaped) that are real data: an agent copies such an
+    example instead of looking the record up, and a check that lets public text through lets it pass."""
+    data = {str(r[t.primary_key]).casefold(): f"the key of a {t.name} row" for t in env.tables for r in env.rows.get(t.name, ())}
+    for pair in pairs:
+        for value in pair_values(pair):
+            data.setdefault(value.casefold(), f"a value of pair {pair.id}")
+    for choice in _choices(env):  # a closed set of choices the schema enforces is the tool's vocabulary, not data
+        data.pop(choice.casefold(), None)
+    words = {v: src for v, src in data.items() if len(v) >= 4}
+    found = []
+    for where, text in public_texts(env):
+        quoted = {a or b for a, b in _QUOTED.findall(text)}
+        shown = quoted | set(_ID_SHAPED.findall(text))
+        found += [Finding(env.id, where, value, data[value.casefold()]) for value in sorted(shown) if value.casefold() in data]
+        for example in sorted(q for q in quoted if q.casefold() not in data):  # a search example made of a pair's words
+            inside = [v for v in words if re.search(r"(?<![\w-])" + re.escape(v) + r"(?![\w-])", example.casefold())]
+            found += [Finding(env.id, where, example, f"holding {v!r}, {words[v]}") for v in inside]
     return found
 
 
-def catalog_problems(entries: dict[str, Entry]) -> list[str]:
-    problems = []
-    for env in {e.env.id: e.env for e in entries.values()}.values():
-        problems += [f"environment {env.id}: {tool} quotes {key}, the key of a real row, as an example" for tool, key in example_ids(env)]
+def _choices(env: EnvironmentSpec) -> set[str]:
+    def walk(schema) -> list[str]:
+        if isinstance(schema, dict):
+            return [str(v) for v in schema.get("enum", ())] + [c for v in schema.values() for c in walk(v)]
+        return [c for v in schema for c in walk(v)] if isinstance(schema, list) else []
+
+    return {c for tool in tool_infos(env).values() for c in walk(tool.input_schema)}
+
+
+def catalog_findings(entries: dict[str, Entry]) -> list[Finding]:
+    """The public-text findings of every environment of the catalog, against all of its pairs."""
+    envs = {e.env.id: e.env for e in entries.values()}
+    return [f for env in envs.values() for f in public_text_findings(env, [e.pair for e in entries.values() if e.env.id == env.id])]
+
+
+def catalog_problems(entries: dict[str, Entry], quotas: bool = True) -> list[str]:
+    """Public text showing data, and, with `quotas`, what HERA's protocol requires of the built-in catalog: split
+    sizes, themes kept apart, short tiers and categories (a small custom catalog is held to the first only)."""
+    problems = [str(f) for f in catalog_findings(entries)]
+    if not quotas:
+        return problems
     splits = Counter(e.pair.split for e in entries.values() if e.pair.tier == "standard")
     for split, size in SPLIT_SIZES.items():
         if split == "bench" and splits[split] < size or split != "bench" and splits[split] != size:

@@ -9,6 +9,7 @@ category rules over the whole catalog. Runs in LangGraph Studio through
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated
 
 from langgraph.graph import END, START, StateGraph
@@ -58,18 +59,19 @@ async def pair_certifier(task: PairTask, runtime: Runtime[Context]) -> dict:
 
 
 async def catalog_reviewer(state: CertifyState, runtime: Runtime[Context]) -> dict:
-    """Records the certifications in the ledger and checks the split and
-    category rules over the catalog; writes `problems`."""
+    """Records the certifications in the ledger and checks the catalog's public text and, for the built-in
+    catalog, its split and category rules; writes `problems`."""
 
     def work() -> dict:
         ledger = Ledger(runtime.context.ledger)
         for cert in state["certifications"].values():
             ledger.record_certification(cert)
-        return load_catalog(runtime.context.catalog or CATALOG)
+        root = Path(runtime.context.catalog or CATALOG)
+        return load_catalog(root), root.resolve() == CATALOG.resolve()
 
-    entries = await asyncio.to_thread(work)
+    entries, builtin = await asyncio.to_thread(work)
     failed = [f"{pid} failed certification" for pid, c in sorted(state["certifications"].items()) if not c.passed]
-    return {"problems": failed + catalog_problems(entries)}
+    return {"problems": failed + catalog_problems(entries, quotas=builtin)}
 
 
 def build_certify() -> StateGraph:

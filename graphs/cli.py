@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import json
 import sys
@@ -22,12 +23,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.tree import Tree
 
-from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog, load_entry
+from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog, load_entry, public_text_findings
 from envs.certify import certify
+from envs.importer import import_suite
 from envs.mcp_server import serve_stdio, side_environment
 from envs.mutation import apply_mutation
 from envs.rescue import MAX_CALLS
-from envs.spec import SpecError, tool_infos
+from envs.spec import SpecError, load_environment, tool_infos
 from graphs import api
 from graphs.api import split_pairs
 from graphs.coevolution import CONFIGS, PRESETS
@@ -183,11 +185,17 @@ def _entry(args: argparse.Namespace, pair_id: str) -> Entry:
     try:
         return load_entry(pair_id, args.catalog)
     except KeyError:
-        raise UsageError(f"unknown pair {pair_id!r} (see `hera envs list`)") from None
+        raise UsageError(f"unknown pair {pair_id!r} in catalog {args.catalog} (see `hera envs list --catalog {args.catalog}`)") from None
+
+
+def builtin_catalog(catalog: str | Path) -> bool:
+    return Path(catalog).resolve() == CATALOG.resolve()
 
 
 def envs_list(args: argparse.Namespace) -> int:
-    entries = _entries(args)
+    """What loads is listed; each environment or pair that does not is reported, and the exit is 2."""
+    errors: list[SpecError] = []
+    entries = _entries(args, errors)
     ledger = Ledger(args.ledger)
     rows = []
     for pair_id, e in entries.items():
@@ -199,16 +207,18 @@ def envs_list(args: argparse.Namespace) -> int:
         rows.append({"pair": pair_id, "theme": e.env.theme, "split": e.pair.split,
                      "category": e.pair.mutation.category, "certification": status})
     if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
+        print(json.dumps(rows if not errors else {"pairs": rows, "errors": [str(e) for e in errors]}, indent=1))
+        return 2 if errors else 0
     table = Table(title=f"{len(rows)} pairs")
     for col in ("pair", "theme", "split", "category", "certification"):
         table.add_column(col)
     for r in rows:
         style = {"certified": "green", "FAILED": "red"}.get(r["certification"], "dim")
-        table.add_row(*(r[c] for c in ("pair", "theme", "split", "category")), f"[{style}]{r['certification']}[/]")
+        table.add_row(*(escape(r[c]) for c in ("pair", "theme", "split", "category")), f"[{style}]{r['certification']}[/]")
     console.print(table)
-    return 0
+    for error in errors:
+        say(f"[red]error:[/] {escape(str(error))}")
+    return 2 if errors else 0
 
 
 def envs_show(args: argparse.Namespace) -> int:
@@ -227,26 +237,26 @@ def envs_show(args: argparse.Namespace) -> int:
     tools.add_column("kind")
     tools.add_column("description")
     for t in tool_infos(env).values():
-        tools.add_row(t.name, "read" if t.read_only else "[yellow]write[/]", t.description.splitlines()[0])
+        tools.add_row(escape(t.name), "read" if t.read_only else "[yellow]write[/]", escape(t.description.splitlines()[0]))
     console.print(tools)
     sides = Table(title="sides")
     sides.add_column("side")
     sides.add_column("environment")
     sides.add_column("should")
-    sides.add_row("act", f"{env.id} @ {env.hash}", "complete the task")
-    sides.add_row("abstain", f"{env.id} @ {mutated.hash} (parent {mutated.parent_hash})", "abstain")
+    sides.add_row("act", escape(f"{env.id} @ {env.hash}"), "complete the task")
+    sides.add_row("abstain", escape(f"{env.id} @ {mutated.hash} (parent {mutated.parent_hash})"), "abstain")
     console.print(sides)
     ops = [f"{o.op} {o.table}[{o.key if o.op != 'insert' else '…'}] {o.fields or o.row or ''}" for o in m.state]
     ops += [f"{p.op} tool {p.tool} {p.when or p.where or ''} {p.fields or p.error_code}" for p in m.tools]
     body = "\n".join([
         f"[bold]category[/] {m.category}",
-        f"[bold]what changed[/] {m.description}",
-        f"[bold]breaks[/] {m.requirement}",
-        "[bold]patch[/]\n  " + "\n  ".join(ops),
-        f"[bold]scope[/] rows {dict(m.scope.rows)} tools {list(m.scope.tools)}",
-        f"[bold]evidence[/] {m.evidence.tool} shows {m.evidence.contains!r}",
-        f"[bold]witness[/] {list(m.witness)}",
-        f"[bold]still reportable[/] {', '.join(m.reportable) or '-'}",
+        f"[bold]what changed[/] {escape(m.description)}",
+        f"[bold]breaks[/] {escape(m.requirement)}",
+        "[bold]patch[/]\n  " + "\n  ".join(escape(op) for op in ops),
+        f"[bold]scope[/] {escape(f'rows {dict(m.scope.rows)} tools {list(m.scope.tools)}')}",
+        f"[bold]evidence[/] {escape(f'{m.evidence.tool} shows {m.evidence.contains!r}')}",
+        f"[bold]witness[/] {escape(str(list(m.witness)))}",
+        f"[bold]still reportable[/] {escape(', '.join(m.reportable) or '-')}",
     ])
     console.print(Panel(body, title="mutation (private)"))
     console.print(_cert_table([cert]))
@@ -260,7 +270,7 @@ def _cert_table(certs: list[Certification]) -> Table:
     for cert in certs:
         for i, c in enumerate(cert.checks):
             result = "[green]pass[/]" if c.passed else "[red]FAIL[/]"
-            table.add_row(cert.pair_id if i == 0 else "", c.name, result, c.detail)
+            table.add_row(escape(cert.pair_id) if i == 0 else "", escape(c.name), result, escape(c.detail))
         table.add_section()
     return table
 
@@ -285,7 +295,11 @@ def envs_certify(args: argparse.Namespace) -> int:
             ledger.record_certification(cert)
             certs.append(cert)
             progress.advance(task)
-    problems = [str(e) for e in errors] + (catalog_problems(entries) if args.all else [])
+    if args.all:
+        problems = [str(e) for e in errors] + catalog_problems(entries, quotas=args.quotas or builtin_catalog(args.catalog))
+    else:  # the named pairs' values must not show in their environment's public text either
+        envs = {e.env.id: e.env for e in chosen}
+        problems = [str(f) for env in envs.values() for f in public_text_findings(env, [e.pair for e in chosen if e.env.id == env.id])]
     failed = [c.pair_id for c in certs if not c.passed]
     if args.json:
         print(json.dumps({"certifications": [c.model_dump() for c in certs], "problems": problems}, indent=1))
@@ -356,9 +370,28 @@ def envs_build(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        say(f"{result['status']}: {result['environment']} in {out}, {len(result['kept'])} validated task(s); "
+        say(f"{result['status']}: {escape(str(result['environment']))} in {escape(str(out))}, {len(result['kept'])} validated task(s); "
                       f"every decision in {result['log']}")
     return 0 if result["status"] == "built" and result["kept"] else 1
+
+
+def envs_import(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out}: not empty; give a new or empty directory")
+    report = import_suite(args.src, out, env_id=args.id, description=args.description)
+    env = load_environment(out)
+    report.notes += [str(f) for f in public_text_findings(env)]
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report), indent=1))
+        return 0
+    tables = ", ".join(f"{name} ({n})" for name, n in report.tables.items())
+    say(f"imported {escape(report.env_id)} into {escape(str(out))}: tables {escape(tables)}; "
+        f"{len(report.references)} reference(s); {len(report.tasks)} task(s) in tasks/")
+    for note in report.notes:
+        say(f"[yellow]note:[/] {escape(note)}")
+    say(f"next: write the bodies of the {len(report.tools)} tool(s) in {escape(str(out / 'tools.py'))} (they raise NotImplementedError)")
+    return 0
 
 
 def add_envs_build(envs: argparse._SubParsersAction) -> None:
@@ -375,6 +408,13 @@ def add_envs_build(envs: argparse._SubParsersAction) -> None:
     build.add_argument("--run-id", help="resume this build")
     build.add_argument("--json", action="store_true")
     build.set_defaults(run=envs_build)
+    imp = envs.add_parser("import", help="a suite (db.json, tasks.json, tools.json) as an environment with a tools.py skeleton and tasks/")
+    imp.add_argument("src", metavar="SRC", help="the suite's directory")
+    imp.add_argument("--out", required=True, help="a new or empty directory for the environment")
+    imp.add_argument("--id", help="the environment id (default: SRC's name in kebab case)")
+    imp.add_argument("--description", help="the environment's public description")
+    imp.add_argument("--json", action="store_true")
+    imp.set_defaults(run=envs_import)
 
 
 def _note_unrecorded(ledger: Ledger) -> None:
@@ -491,7 +531,7 @@ def runs_show(args: argparse.Namespace) -> int:
     for col in ("episode", "pair", "side", "trial", "termination", "success", "abstained", "committed", "grounded", "turns"):
         table.add_column(col)
     for e in episodes:
-        table.add_row(e.key.id, e.pair_id, e.key.side, str(e.key.trial), e.termination or e.status,
+        table.add_row(escape(e.key.id), escape(e.pair_id), e.key.side, str(e.key.trial), e.termination or e.status,
                       *(_flag(e.grade, n) for n in ("success", "abstained", "committed", "grounded")),
                       str(sum(1 for m in e.messages if m.get("type") == "ai")))
     console.print(table)
@@ -572,9 +612,9 @@ def episode_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.model_dump() for r in sides], indent=1, default=str))
         return 0
-    table = Table(title=f"{record.pair_id} — trial {record.key.trial}, {record.bundle} × {record.key.model}", show_lines=True)
+    table = Table(title=escape(f"{record.pair_id} — trial {record.key.trial}, {record.bundle} × {record.key.model}"), show_lines=True)
     for r in sides:
-        table.add_column(f"{r.key.side} ({r.key.id})", ratio=1, overflow="fold")
+        table.add_column(escape(f"{r.key.side} ({r.key.id})"), ratio=1, overflow="fold")
     columns = [_trajectory(r) for r in sides]
     for row in itertools.zip_longest(*columns, fillvalue=""):
         table.add_row(*row)
@@ -1084,7 +1124,7 @@ def add_serve(top: argparse._SubParsersAction) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hera", description="Harness–environment co-evolution for agentic abstention.")
-    p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one)")
+    p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one); every command that reads pairs also takes it")
     p.add_argument("--ledger", default=None, help="ledger file (default: $HERA_RUNS/hera.db, else runs/hera.db)")
     top = p.add_subparsers(dest="command", required=True)
     add_serve(top)
@@ -1102,6 +1142,8 @@ def parser() -> argparse.ArgumentParser:
     cert.add_argument("--all", action="store_true")
     cert.add_argument("--json", action="store_true")
     cert.add_argument("-v", "--verbose", action="store_true", help="show every check of every pair")
+    cert.add_argument("--quotas", action="store_true",
+                      help="hold a custom catalog to the built-in one's split, tier and category quotas (always on for the built-in catalog)")
     cert.add_argument("--rescue-budget", type=positive_int, default=MAX_CALLS, help=f"read calls per rescue search (default {MAX_CALLS})")
     cert.set_defaults(run=envs_certify)
     serve = envs.add_parser("serve", help="serve one side of a pair as an MCP server on stdio")
@@ -1194,7 +1236,12 @@ def parser() -> argparse.ArgumentParser:
     df.set_defaults(run=diff_bundles)
     _add_report_parsers(top)
     _add_coevolution_parsers(top)
+    for sub in [*envs.choices.values(), *(top.choices[name] for name in CATALOG_COMMANDS)]:
+        sub.add_argument("--catalog", default=argparse.SUPPRESS, help="catalog directory (default: the built-in one)")
     return p
+
+
+CATALOG_COMMANDS = ("eval", "evolve-harness", "evolve-envs", "coevolve", "compare", "transfer")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,10 +27,10 @@ def test_split_order_spans_themes_first():
     assert len({CATALOG[p].env.theme for p in bench[:5]}) == 5
 
 
-def test_a_tool_description_quoting_a_real_key_as_its_example_is_a_problem(tmp_path):
+def test_a_tool_description_quoting_a_real_key_as_its_example_is_a_finding(tmp_path):
     import shutil
 
-    from envs.catalog import example_ids
+    from envs.catalog import public_text_findings
     from envs.spec import load_environment
     from tests.conftest import FIXTURES
 
@@ -38,5 +38,33 @@ def test_a_tool_description_quoting_a_real_key_as_its_example_is_a_problem(tmp_p
     shutil.copytree(FIXTURES / "shop", shop)
     tools = shop / "tools.py"
     tools.write_text(tools.read_text().replace("sku: The item's stock-keeping unit.", 'sku: A sku such as "DR-220".', 1))
-    assert example_ids(load_environment(shop)) == [("get_item", "DR-220")]
-    assert example_ids(load_environment(FIXTURES / "shop")) == []
+    findings = public_text_findings(load_environment(shop))
+    assert [(f.where, f.value, f.source) for f in findings] == [("tool get_item(sku)", "DR-220", "the key of a items row")]
+    assert public_text_findings(load_environment(FIXTURES / "shop")) == []
+
+
+def test_policy_and_description_showing_a_pairs_value_are_findings(tmp_path):
+    import shutil
+
+    from envs.catalog import public_text_findings
+    from envs.spec import load_environment
+
+    entry = CATALOG["retail-boot-exchange-no-fit"]
+    env_dir = tmp_path / "retail"
+    shutil.copytree(entry.path.parent.parent, env_dir)
+    (env_dir / "policy.md").write_text((env_dir / "policy.md").read_text() + "\nOrders look like CS-260302-1875.\n")
+    env = load_environment(env_dir)
+    findings = public_text_findings(env, [entry.pair])
+    assert [(f.where, f.value) for f in findings] == [("policy.md", "CS-260302-1875")]
+    env = env.model_copy(update={"policy": env.policy.replace("CS-260302-1875", "CS-990101-0000"), "description": env.description + ' Ships "2026-03-19".'})
+    assert [(f.where, f.value, f.source) for f in public_text_findings(env, [entry.pair])] == [
+        ("environment.yaml description", "2026-03-19", "a value of pair retail-boot-exchange-no-fit")]
+    env = env.model_copy(update={"description": 'Search for words such as "Ridgeline blue 8".'})
+    assert [(f.value, f.source) for f in public_text_findings(env, [entry.pair])] == [
+        ("Ridgeline blue 8", "holding 'ridgeline', a value of pair retail-boot-exchange-no-fit")]
+
+
+def test_the_built_in_catalog_shows_no_data_in_its_public_text():
+    from envs.catalog import catalog_findings
+
+    assert catalog_findings(CATALOG) == []

@@ -26,7 +26,7 @@ def test_certify_exit_codes_and_ledger(capsys, tmp_path):
 
 
 def test_certify_all_reports_catalog_problems(capsys, tmp_path):
-    code, out, _ = run(capsys, tmp_path, "envs", "certify", "--all", "--json")
+    code, out, _ = run(capsys, tmp_path, "envs", "certify", "--all", "--json", "--quotas")
     report = json.loads(out)
     assert code == 1
     assert len(report["certifications"]) == 3
@@ -75,7 +75,7 @@ def test_errors_and_paths_stay_on_one_line_at_any_width(capsys, tmp_path, monkey
     (out / "x").mkdir(parents=True)
     assert main(["envs", "build", "--theme", "shop", "--out", str(out), "--model", "scripted:none"]) == 2
     assert f"error: --out {out}: not empty; give a new or empty directory (or --run-id to resume)" in capsys.readouterr().err.splitlines()
-    code, _, err = run(capsys, tmp_path, "envs", "certify", "--all")
+    code, _, err = run(capsys, tmp_path, "envs", "certify", "--all", "--quotas")
     assert code == 1 and "problem: category ambiguous_entity has 0 pairs; expected at least 4" in err.splitlines()
 
 
@@ -106,3 +106,73 @@ def test_a_ledger_that_is_not_sqlite_is_one_clear_error(capsys, tmp_path, monkey
     for argv in (["runs", "list"], ["eval", "--pairs", "shop-reserve-drill", "--model", "scripted:none"]):
         code, out, err = run(capsys, tmp_path, *argv)
         assert (code, out, err) == (2, "", expected)
+
+
+def small_catalog(tmp_path, *pairs: str) -> Path:
+    """A custom catalog of the fixture shop with only `pairs`."""
+    root = tmp_path / "custom"
+    shutil.copytree(FIXTURES / "shop", root / "shop")
+    for path in (root / "shop" / "pairs").glob("*.yaml"):
+        if path.stem not in pairs:
+            path.unlink()
+    return root
+
+
+def test_every_command_that_reads_pairs_takes_catalog_after_it_and_shows_it(capsys, tmp_path):
+    from graphs.cli import parser
+
+    custom = small_catalog(tmp_path, "shop-reserve-drill")
+    code = main(["--ledger", str(tmp_path / "l.db"), "envs", "list", "--json", "--catalog", str(custom)])
+    assert code == 0 and [r["pair"] for r in json.loads(capsys.readouterr().out)] == ["shop-reserve-drill"]
+    top = parser()._subparsers._group_actions[0].choices
+    envs = top["envs"]._subparsers._group_actions[0].choices
+    for sub in [*envs.values(), *(top[c] for c in ("eval", "evolve-harness", "evolve-envs", "coevolve", "compare", "transfer"))]:
+        assert "--catalog" in sub.format_help(), sub.prog
+    args = parser().parse_args(["eval", "--catalog", "x", "--pairs", "a"])
+    assert args.catalog == "x"
+    assert parser().parse_args(["--catalog", "y", "eval"]).catalog == "y"
+
+
+def test_unknown_pair_names_the_catalog_searched(capsys, tmp_path):
+    custom = small_catalog(tmp_path, "shop-reserve-drill")
+    code = main(["envs", "show", "shop-rescued", "--catalog", str(custom)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: unknown pair 'shop-rescued' in catalog {custom}" in err.splitlines()[0]
+
+
+def test_a_small_custom_catalog_certifies_without_the_built_in_quotas(capsys, tmp_path):
+    custom = small_catalog(tmp_path, "shop-reserve-drill")
+    ledger = str(tmp_path / "l.db")
+    code = main(["--ledger", ledger, "envs", "certify", "--all", "--json", "--catalog", str(custom)])
+    assert code == 0 and json.loads(capsys.readouterr().out)["problems"] == []
+    code = main(["--ledger", ledger, "envs", "certify", "--all", "--json", "--quotas", "--catalog", str(custom)])
+    assert code == 1 and "split train has 1 pairs; expected 20" in json.loads(capsys.readouterr().out)["problems"]
+
+
+def test_certify_reports_a_pairs_value_in_public_text(capsys, tmp_path):
+    custom = small_catalog(tmp_path, "shop-reserve-drill")
+    tools = custom / "shop" / "tools.py"
+    tools.write_text(tools.read_text().replace("sku: The item's stock-keeping unit.", 'sku: A sku such as "DR-220".', 1))
+    code = main(["--ledger", str(tmp_path / "l.db"), "envs", "certify", "shop-reserve-drill", "--json", "--catalog", str(custom)])
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert code == 1 and problems == ["environment shop: tool get_item(sku) shows 'DR-220', the key of a items row; an example must resolve to no row"]
+
+
+def test_envs_list_shows_what_loads_and_reports_what_does_not(capsys, tmp_path):
+    custom = small_catalog(tmp_path, "shop-reserve-drill")
+    shutil.copytree(custom / "shop", custom / "broken")
+    (custom / "broken" / "environment.yaml").write_text((custom / "broken" / "environment.yaml").read_text().replace("id: shop", "id: broken", 1))
+    (custom / "broken" / "rows" / "items.json").write_text('[{"sku": "A", "name": "x", "price": "free", "stock": 1}]')
+    code = main(["--ledger", str(tmp_path / "l.db"), "envs", "list", "--catalog", str(custom)])
+    out = capsys.readouterr()
+    assert code == 2
+    assert "shop-reserve-drill" in out.out + out.err
+    assert f"error: {custom}/broken/rows/items.json: [0].price: a real (got 'free')" in " ".join(out.err.split())
+
+
+def test_ids_with_brackets_are_printed_not_read_as_markup(capsys, tmp_path):
+    custom = small_catalog(tmp_path, "shop-reserve-drill")
+    pair = custom / "shop" / "pairs" / "shop-reserve-drill.yaml"
+    pair.write_text(pair.read_text().replace("witness:\n    - {sku: DR-220, price: \"*\"}", "witness:\n    - {sku: DR-220, price: \"*\", \"[note]\": \"*\"}"))
+    main(["--ledger", str(tmp_path / "l.db"), "envs", "show", "shop-reserve-drill", "--catalog", str(custom)])
+    assert "'[note]': '*'" in capsys.readouterr().err

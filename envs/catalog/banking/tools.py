@@ -42,7 +42,7 @@ def search_customers(db, query: str) -> list[dict]:
     at most 10 matches with their id, name, type, city and postcode.
 
     Args:
-        query: A name or part of one ("Whitcombe"), or an identifier.
+        query: A name or part of one ("Ashdown"), or an identifier.
     """
     wanted = query.strip().casefold()
     if not wanted:

@@ -84,7 +84,7 @@ def list_providers(db, specialty: Optional[str] = None, language: Optional[str] 
     accept new patients, and their location.
 
     Args:
-        specialty: Optional specialty filter, for example "Dermatology", "MRI" or "Anticoagulation Clinic".
+        specialty: Optional specialty filter, for example "Podiatry", "MRI" or "Sleep Clinic".
         language: Optional ISO language code the provider must speak, for example "es".
     """
     out = []
@@ -134,7 +134,7 @@ def search_open_slots(db, specialty: str, date_from: str, date_to: str, provider
     blocked slots are not shown.
 
     Args:
-        specialty: A specialty such as "Dermatology", "MRI" or "Anticoagulation Clinic".
+        specialty: A specialty such as "Podiatry", "MRI" or "Sleep Clinic".
         date_from: First day, YYYY-MM-DD.
         date_to: Last day, YYYY-MM-DD (at most 45 days after date_from).
         provider_id: Optional provider id such as "CL-999".
@@ -222,7 +222,7 @@ def get_lab_results(db, patient_id: str, test_code: Optional[str] = None) -> lis
 
     Args:
         patient_id: A patient id.
-        test_code: Optional test filter: HBA1C, LDL, EGFR, INR, TSH, HGB or K.
+        test_code: Optional test code filter, such as "VITD"; leave out for every test.
     """
     _patient(db, patient_id)
     rows = find(db, "lab_results", patient_id=patient_id)
@@ -261,7 +261,7 @@ def book_appointment(
     Args:
         patient_id: The patient to book.
         slot_id: An open slot id from search_open_slots.
-        service_code: The internal service code, for example "DERM-NP".
+        service_code: The internal service code, for example "PODI-NP".
         referral_id: The referral or imaging order the visit is booked under, if any.
         auth_id: The payer prior authorisation the visit is booked under, if any.
     """

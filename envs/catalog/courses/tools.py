@@ -117,7 +117,7 @@ def find_course_sections(db, query: str, term: str = "2026FA") -> list[dict]:
 
     Args:
         query: A course id or words from the course title.
-        term: Term code: "2026FA" (Fall 2026, the default) or "2026SP" (Spring 2026).
+        term: Term code, the year then FA (fall) or SP (spring): "2026FA" (Fall 2026) is the default.
     """
     compact = re.sub(r"[\s_-]", "", query).casefold()
     words = [w.casefold() for w in query.split() if w.strip()]

@@ -43,7 +43,7 @@ def search_employees(db, query: str) -> list[dict]:
     people, site and employment status.
 
     Args:
-        query: Text to look for, for example "Nowak", "E-9999" or "Payroll & Benefits".
+        query: Text to look for, for example "Nowak", "E-9999" or "Facilities & Security".
     """
     wanted = query.strip().casefold()
     if not wanted:
@@ -152,7 +152,7 @@ def get_disclosure_log(db, recipient_id: Optional[str] = None) -> dict:
     base salary, and purpose.
 
     Args:
-        recipient_id: Optional recipient id to show only that recipient's releases, for example "RCP-AUD".
+        recipient_id: Optional recipient id to show only that recipient's releases, for example "RCP-QQQ".
     """
     recipients = find(db, "recipients")
     by_id = {r["recipient_id"]: r["name"] for r in recipients}
@@ -231,7 +231,7 @@ def release_pay_statistics(
     employees are refused.
 
     Args:
-        recipient_id: The recipient, for example "RCP-AUD".
+        recipient_id: The recipient, for example "RCP-QQQ".
         purpose: Why the figures are released.
         dept_id: Optional department id; leave out for all departments.
         grade: Optional grade such as "L3"; leave out for all grades.

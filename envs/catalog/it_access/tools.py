@@ -131,7 +131,7 @@ def search_catalog(db, query: str) -> dict:
     of the query must appear in the entry's id, name, description or system name.
 
     Args:
-        query: Words to look for, for example "netsuite approver" or "tableau".
+        query: Words to look for, for example "wiki editor" or "looker".
     """
     words = [w.casefold() for w in query.split() if w.strip()]
     if not words:
@@ -251,7 +251,7 @@ def add_group_member(db, group_id: str, user_id: str, justification: str) -> dic
     """Adds a user to a directory group.
 
     Args:
-        group_id: The group, such as "SG-GitHub-Platform".
+        group_id: The group, such as "SG-Wiki-Editors".
         user_id: The user to add, such as "u99999".
         justification: Why the membership is needed (required).
     """

@@ -82,7 +82,7 @@ def search_permits(
 
     Args:
         applicant_name: The applicant's name or part of it, e.g. "Nwosu" or "Summit Ridge Roofing"; every word must match a whole word of the name.
-        address: Part of the site address, e.g. "Quail Hollow Rd" or "2716 Quail Hollow Road".
+        address: Part of the site address, e.g. "Juniper Bend Rd" or "4410 Juniper Bend Road".
         permit_type: One of building, roofing, accessibility, fence, demolition, sign, electrical, plumbing, mechanical.
         status: One of submitted, in_review, approved, issued, finaled, expired, withdrawn.
     """

@@ -211,7 +211,7 @@ def search_catalogue(db, query: str, store_id: str) -> list[dict]:
     interchange group and the stock on hand at one store.
 
     Args:
-        query: Words to match, for example "lisinopril" or "statin".
+        query: Words to match, for example "lisinopril" or "antihistamine".
         store_id: The store whose stock to show: a store id such as "ST-9999" or a fragment of its name.
     """
     store = _store(db, store_id)
@@ -281,7 +281,7 @@ def get_disclosure_log(db, recipient_id: str) -> dict:
     drugs it covers) and every aggregate count already released to it.
 
     Args:
-        recipient_id: A recipient id such as "RCP-CDPH", or a fragment of the recipient's name.
+        recipient_id: A recipient id such as "RCP-QQQQ", or a fragment of the recipient's name.
     """
     rows = find(db, "recipients", recipient_id=recipient_id.strip().upper())
     if not rows:

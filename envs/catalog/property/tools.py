@@ -79,7 +79,7 @@ def get_building(db, building_id: str) -> dict:
     for larger jobs, and open maintenance requests for common areas.
 
     Args:
-        building_id: A building id such as "BLD-LIN".
+        building_id: A building id such as "BLD-QQQ".
     """
     b = one(db, "buildings", building_id=building_id)
     view = dict(b)

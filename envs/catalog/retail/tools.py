@@ -181,7 +181,7 @@ def search_products(db, query: str, ship_to_state: str | None = None) -> list[di
     the competitor price checks staff have logged for it.
 
     Args:
-        query: Words to look for, e.g. "headlamp", "Ridgeline brown 10" or a SKU.
+        query: Words to look for, e.g. "headlamp", "Trailcrest grey 9" or a SKU.
         ship_to_state: Optional two-letter US state to estimate delivery dates to, e.g. "CA".
     """
     words = [w for w in query.casefold().split() if w]
@@ -396,7 +396,7 @@ def create_exchange(db, staff_id: str, return_id: str, new_sku: str, warehouse_i
         staff_id: The staff member setting up the exchange.
         return_id: The return being exchanged.
         new_sku: The SKU of the replacement.
-        warehouse_id: The warehouse the replacement ships from, e.g. "WH-RNO".
+        warehouse_id: The warehouse the replacement ships from, e.g. "WH-QQQ".
     """
     _active_staff(db, staff_id)
     ret = one(db, "returns", return_id=return_id)

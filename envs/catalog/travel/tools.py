@@ -182,7 +182,7 @@ def search_flights(db, origin: str, destination: str, date: str) -> list[dict]:
     with its fares: cabin, fare basis, price in USD, refundability and seats left.
 
     Args:
-        origin: An IATA airport code ("BOS"), a city code ("CHI", "LON", "NYC") or a city name.
+        origin: An IATA airport code ("QQX"), a city code ("QQL") or a city name.
         destination: An IATA airport code, a city code or a city name.
         date: The local departure date, YYYY-MM-DD.
     """
@@ -251,10 +251,10 @@ def search_hotels(db, city: str, check_in: str, check_out: str, near_site_id: st
     to it, nearest first.
 
     Args:
-        city: A city name such as "Chicago".
+        city: A city name such as "Springfield".
         check_in: Arrival date, YYYY-MM-DD.
         check_out: Departure date, YYYY-MM-DD (after check_in).
-        near_site_id: Optional site id to measure distances to, e.g. "S-CHI-BWH".
+        near_site_id: Optional site id to measure distances to, e.g. "S-QQX-QQQ".
     """
     start, end = _day(check_in, "check_in"), _day(check_out, "check_out")
     if end <= start:

@@ -12,13 +12,13 @@ def _unavailable(field: str) -> dict:
 
 @read_tool
 def resolve_weather_point(db, location: str, county: str | None = None) -> dict:
-    """Resolves a place name such as "Fresno, CA" to its weather point: coordinates,
+    """Resolves a place name such as "Millbrook, NV" to its weather point: coordinates,
     county id, forecast resource id and time zone. When several weather points
     share the place name, the call is refused with the candidates listed; pass
     the county to choose one.
 
     Args:
-        location: City and state, for example "Los Angeles, CA".
+        location: City and state, for example "Millbrook, NV".
         county: Optional county name or id, for example "Fresno County" or "CAC999", to tell apart places with the same name.
     """
     wanted = location.strip().casefold()
@@ -59,7 +59,7 @@ def get_station(db, station_id: str) -> dict:
     """Returns a station's name, coordinates, elevation, county and operating status.
 
     Args:
-        station_id: A station id such as "KFAT".
+        station_id: A station id such as "KQQQ".
     """
     row = one(db, "stations", station_id=station_id)
     return {k: row[k] for k in ("station_id", "name", "county_id", "lat", "lon", "elevation_m", "status")}
