@@ -13,11 +13,13 @@ import itertools
 import secrets
 import sqlite3
 import uuid
+from contextlib import asynccontextmanager
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import AsyncIterator, Callable
 
+import aiosqlite
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
@@ -33,6 +35,8 @@ from state.evolution import Diagnosis
 from state.records import EpisodeRecord
 
 
+BUSY_TIMEOUT_S = 60.0  # how long opening or writing the checkpoints waits for another process's write
+SETUP_RETRY_S = 0.05
 # The record types our checkpoints carry, allowed by name when read back.
 SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
     ("state.records", name) for name in ("EpisodeRecord", "EpisodeKey", "Grade", "Observation", "UsageRecord", "Certification", "CheckResult")
@@ -90,8 +94,7 @@ async def evaluate(
     # every episode does blocking work (ledger, grading) in threads: size the pool to the concurrency
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=concurrency + 4))
     ledger = await asyncio.to_thread(Ledger, context.ledger)
-    async with AsyncSqliteSaver.from_conn_string(str(checkpoints_path())) as saver:
-        saver.serde = SERDE
+    async with checkpointer(checkpoints_path()) as saver:
         graph = evaluate_graph.builder.compile(checkpointer=saver, name="evaluate")
         config = {"configurable": {"thread_id": run_id}, "max_concurrency": concurrency, "recursion_limit": 100}
         previous = await graph.aget_state(config)
@@ -190,6 +193,26 @@ def episode_event(record: EpisodeRecord) -> dict:
             "success": bool(record.grade and record.grade.success), "status": record.status}
 
 
+@asynccontextmanager
+async def checkpointer(path: Path) -> AsyncIterator[AsyncSqliteSaver]:
+    """A checkpointer on `path` that waits for another writer (a second evaluation in the same runs
+    directory) instead of failing with "database is locked"."""
+    async with aiosqlite.connect(path, timeout=BUSY_TIMEOUT_S) as conn:
+        saver = AsyncSqliteSaver(conn)
+        saver.serde = SERDE
+        # Two connections setting up a new file at once: one's switch to WAL fails at once, busy timeout or not
+        # (seen: 58 of 200 concurrent first opens); it is tried again once the other is done.
+        for _ in range(int(BUSY_TIMEOUT_S / SETUP_RETRY_S)):
+            try:
+                await saver.setup()
+                break
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error):
+                    raise
+                await asyncio.sleep(SETUP_RETRY_S)
+        yield saver
+
+
 async def _run_checkpointed(builder, name: str, run_id: str, payload: dict, context: Context, recursion_limit: int,
                             on_event: Callable[[str, dict], None] | None, db: str = "evolution.db") -> dict:
     """Runs a graph under its run id in `runs/<db>`, or resumes it from its last checkpoint; its final state
@@ -198,8 +221,7 @@ async def _run_checkpointed(builder, name: str, run_id: str, payload: dict, cont
     `on_event(node, update)` sees every node's update, subgraphs' included, and
     `("episode", {...})` for each episode an evaluation inside it finishes."""
     runs_dir().mkdir(parents=True, exist_ok=True)
-    async with AsyncSqliteSaver.from_conn_string(str(runs_dir() / db)) as saver:
-        saver.serde = SERDE
+    async with checkpointer(runs_dir() / db) as saver:
         graph = builder.compile(checkpointer=saver, name=name)
         config = {"configurable": {"thread_id": run_id}, "recursion_limit": recursion_limit}
         previous = await graph.aget_state(config)
