@@ -313,7 +313,8 @@ def _jail(spec: dict, argv: list[str]) -> None:
             open(target, "a").close()
         mount(path, target, None, _MS_BIND, None, f"binding {path}")
         # A bind mount keeps the flags it may not lose (in a user namespace) only if they are named again.
-        kept = functools.reduce(lambda a, f: a | (_ST_TO_MS[f] if os.statvfs(target).f_flag & f else 0), _ST_TO_MS, 0)
+        present = os.statvfs(target).f_flag
+        kept = sum(ms for st, ms in _ST_TO_MS.items() if present & st)
         flags = kept | _MS_REMOUNT | _MS_BIND | _MS_NOSUID | (0 if writable else _MS_RDONLY)
         mount("none", target, None, flags, None, f"sealing {path}")
 

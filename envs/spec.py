@@ -245,7 +245,12 @@ def shipped(source: str) -> bool:
     """Whether tools code is the project's own (an environment of its catalog or
     test fixtures), run in process. Any other code (a custom catalog's, a
     generated one's) runs only in the sandbox (`envs.untrusted`)."""
-    return _inside_sandbox or content_hash(source) in _shipped()
+    return _inside_sandbox or _shipped_source(source)
+
+
+@lru_cache(maxsize=128)
+def _shipped_source(source: str) -> bool:
+    return content_hash(source) in _shipped()
 
 
 @lru_cache(maxsize=1)
