@@ -109,7 +109,7 @@ async def evaluate(
             raise ValueError(f"run {run_id} is being evaluated by pid {holder['pid']} on {holder['host']} since "
                              f"{holder['started_at']} (a claim in {ledger.path}); wait for it, or stop it and resume")
         async with held(ledger, f"run:{run_id}", owner):
-            payload = None if previous.next else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials,
+            payload = None if previous.tasks else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials,
                                                   "seed": seed, **({"sides": sides} if sides else {})}
             if payload:
                 await asyncio.to_thread(_check_same_run, run_id, payload, context)
@@ -216,7 +216,8 @@ async def checkpointer(path: Path) -> AsyncIterator[AsyncSqliteSaver]:
 async def _run_checkpointed(builder, name: str, run_id: str, payload: dict, context: Context, recursion_limit: int,
                             on_event: Callable[[str, dict], None] | None, db: str = "evolution.db") -> dict:
     """Runs a graph under its run id in `runs/<db>`, or resumes it from its last checkpoint; its final state
-    (a run that already finished is not run again).
+    (a run that already finished is not run again). A run is unfinished while its last checkpoint has tasks:
+    `next` alone misses a run killed after a node's writes were kept but before the next checkpoint.
 
     `on_event(node, update)` sees every node's update, subgraphs' included, and
     `("episode", {...})` for each episode an evaluation inside it finishes."""
@@ -225,9 +226,9 @@ async def _run_checkpointed(builder, name: str, run_id: str, payload: dict, cont
         graph = builder.compile(checkpointer=saver, name=name)
         config = {"configurable": {"thread_id": run_id}, "recursion_limit": recursion_limit}
         previous = await graph.aget_state(config)
-        if previous.values and not previous.next:
+        if previous.values and not previous.tasks:
             return previous.values
-        async for _, kind, value in graph.astream(None if previous.next else payload, config, context=context,
+        async for _, kind, value in graph.astream(None if previous.tasks else payload, config, context=context,
                                                   stream_mode=["updates", "custom"], subgraphs=True, durability="sync"):
             if on_event is None:
                 continue
