@@ -7,11 +7,12 @@ checks and what they prove are listed in `envs/catalog/README.md`.
 from __future__ import annotations
 
 import json
+import re
 
 from envs.answers import cut, spans, states
-from envs.match import ANY, find_object, matches, objects
+from envs.match import ANY, equal, objects
 from envs.mutation import Applied, apply_mutation, apply_ops, revert
-from envs.rescue import MAX_CALLS, Values, arguments, explore, rescue_search
+from envs.rescue import MAX_CALLS, Values, arguments, explore, rescue_search, tokens
 from envs.runtime import EnvInstance, diff_rows
 from envs.spec import SpecError, tool_infos, write_tools
 from envs.verify import Outcome, committed, verify
@@ -166,14 +167,21 @@ def _ambiguity(pair: PairSpec, env: EnvironmentSpec, mutated: EnvironmentSpec, b
     counts = []
     for side, spec, wanted in (("infeasible", mutated, "two or more"), ("feasible", env, "exactly one")):
         seen: set[str] = set()
+        named: set[str] = set()
 
         def collect(obs: Observation) -> bool:
-            for o in objects(obs.output):
-                if matches(pattern, o):
+            for o in objects(obs.output if obs.ok else ()):
+                if _mentions(pattern, o):
                     seen.add(json.dumps([o[k] for k in keys], default=str))
+            if not obs.ok and len(keys) == 1 and all(_mention(v, obs.message) for v in pattern.values() if v != ANY):
+                named.update(tokens(obs.message))
             return False
 
         search = explore(spec, pair.task, collect, budget)
+        # a refusal naming the matches ("'Greenfield, CA' matches 2 points: MTR-PT-0733; HNX-PT-0649")
+        # shows them too: its identifiers shaped like those the matching records carry
+        shapes = {_shape(json.loads(s)[0]) for s in seen}
+        seen |= {json.dumps([t]) for t in named if _shape(t) in shapes}
         if not search.exhausted:
             return CheckResult(name="ambiguity", passed=False, detail=f"{side} search spent its budget of {budget} read calls before it was exhausted")
         counts.append(f"{len(seen)} on the {side} side ({search.calls} calls)")
@@ -185,12 +193,42 @@ def _ambiguity(pair: PairSpec, env: EnvironmentSpec, mutated: EnvironmentSpec, b
 def _conflict(pair: PairSpec, env: EnvironmentSpec, mutated: EnvironmentSpec) -> CheckResult:
     patterns = pair.mutation.conflict
     _, outcome = _reads_before_write(mutated, pair.task.reference.calls)
-    bad = [p for p in patterns if any(o.ok and find_object(p, o.output) for o in outcome.calls)]
-    good = [p for p in patterns if any(o.ok and find_object(p, o.output) for o in _read_observations(env, pair.task))]
+    bad = [p for p in patterns if _shown(p, outcome.calls)]
+    good = [p for p in patterns if _shown(p, _read_observations(env, pair.task))]
     failures = [f"the infeasible reference path never shows {p}" for p in patterns if p not in bad]
     if len(good) != 1:
         failures.append(f"the feasible reference path shows {len(good)} of the conflicting values ({good}); want exactly one")
     return _result("conflict", failures, f"infeasible side shows all {len(patterns)} conflicting values; feasible side only {good[0] if good else None}")
+
+
+def _shown(pattern: dict, observations: list[Observation] | tuple[Observation, ...]) -> bool:
+    return any(o.ok and any(_mentions(pattern, x) for x in objects(o.output)) for o in observations)
+
+
+def _mentions(pattern: dict, value: object) -> bool:
+    """`matches`, except that a text detail need only appear as words in the
+    field ("Reilly" in "Reilly & Sons Plumbing"), as an instruction names things."""
+    if not isinstance(value, dict):
+        return False
+    for key, want in pattern.items():
+        got = value.get(key)
+        if isinstance(want, dict):
+            ok = _mentions(want, got)
+        elif isinstance(want, str) and want != ANY and isinstance(got, str):
+            ok = _mention(want, got)
+        else:
+            ok = key in value and equal(want, got)
+        if not ok:
+            return False
+    return True
+
+
+def _shape(value: object) -> str:
+    return re.sub(r"\d", "9", re.sub(r"[A-Za-z]", "A", str(value)))
+
+
+def _mention(detail: object, text: str) -> bool:
+    return isinstance(detail, str) and re.search(rf"(?<!\w){re.escape(detail)}(?!\w)", text, re.IGNORECASE) is not None
 
 
 def _write_replay(task: TaskSpec, mutated: EnvironmentSpec) -> CheckResult:

@@ -6,8 +6,8 @@ each new value it observes, and repeats until nothing new can be called or the
 call budget is spent. A parameter's own values are those seen under a key of
 the same name or a related one (any `*_id` for an `*_id`); the required
 parameters take every combination of their own values, and the untyped ones
-(instruction tokens) are tried one parameter at a time on top of the first
-combination, so the search ends on the catalog instead of crossing every
+(instruction tokens, and those a refusal's message names) are tried one
+parameter at a time on top of the first combination, so the search ends on the catalog instead of crossing every
 token with every other. A parameter with no own values takes the untyped ones
 in the combination; optional parameters are varied one at a time (open
 filters on the first combination only). It reports
@@ -42,6 +42,7 @@ class Values:
         self.by_key: dict[str, list[Any]] = {}
         self.untyped: list[Any] = []
         self._seen: set[tuple[str, Any]] = set()
+        self._values: set[Any] = set()
 
     def add(self, key: str | None, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -52,7 +53,11 @@ class Values:
         if marker in self._seen:
             return
         self._seen.add(marker)
+        self._values.add(value)
         (self.by_key.setdefault(key, []) if key else self.untyped).append(value)
+
+    def known(self, value: Any) -> bool:
+        return value in self._values
 
     def harvest(self, value: Any, key: str | None = None) -> None:
         if isinstance(value, dict):
@@ -100,10 +105,15 @@ def _related(key: str, param: str) -> bool:
     return key.endswith("_id") and param.endswith("_id")
 
 
+def tokens(text: str) -> list[str]:
+    """Quoted phrases, identifiers (a capital, then a digit somewhere) and ISO dates in prose."""
+    return [q or t for q, t in re.findall(r'"([^"]+)"|\b([A-Z][\w-]*\d[\w-]*|\d{4}-\d{2}-\d{2})\b', text)]
+
+
 def seeds(task: TaskSpec) -> Values:
     values = Values()
-    for token in re.findall(r'"([^"]+)"|\b([A-Z][\w-]*\d[\w-]*|\d{4}-\d{2}-\d{2})\b', task.instruction):
-        values.add(None, token[0] or token[1])
+    for token in tokens(task.instruction):
+        values.add(None, token)
     for call in task.reference.calls:
         for key, value in call.args.items():
             values.harvest(value, key)
@@ -141,11 +151,11 @@ def _closed(schema: dict) -> bool:
 
 def rescue_search(env: EnvironmentSpec, task: TaskSpec, witness: tuple[Row, ...], max_calls: int = MAX_CALLS) -> RescueResult:
     """The first observation showing a witness object, if the search reaches one."""
-    return explore(env, task, lambda obs: any(find_object(w, obs.output) for w in witness), max_calls)
+    return explore(env, task, lambda obs: obs.ok and any(find_object(w, obs.output) for w in witness), max_calls)
 
 
 def explore(env: EnvironmentSpec, task: TaskSpec, stop: Callable[[Observation], bool], max_calls: int = MAX_CALLS) -> RescueResult:
-    """Search the read tools, showing `stop` every successful observation, until it returns true."""
+    """Search the read tools, showing `stop` every observation, until it returns true."""
     instance = EnvInstance(env)
     values = seeds(task)
     tried: set[str] = set()
@@ -167,10 +177,14 @@ def explore(env: EnvironmentSpec, task: TaskSpec, stop: Callable[[Observation], 
                     made += 1
                     progressed = True
                     obs = instance.call(tool.name, args)
-                    if not obs.ok:
-                        continue
                     if stop(obs):
                         return RescueResult(found=obs, calls=calls, exhausted=False)
+                    if not obs.ok:
+                        # a refusal may name records ("matches 2 points: A-1; B-2"), as it would to an agent
+                        for token in tokens(obs.message):
+                            if not values.known(token):
+                                values.add(None, token)
+                        continue
                     values.harvest(obs.output)
             if calls >= max_calls:
                 return RescueResult(found=None, calls=calls, exhausted=False)
