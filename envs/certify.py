@@ -232,11 +232,14 @@ def _mention(detail: object, text: str) -> bool:
 
 
 def _write_replay(task: TaskSpec, mutated: EnvironmentSpec) -> CheckResult:
-    """Each reference write replayed on the infeasible side is refused by its tool or caught by the commit check."""
+    """The reference writes replayed on the infeasible side: each is refused by
+    its tool, caught by the commit check, or (a step the infeasible side may
+    take too, such as declining the other request) not a commit; at least one
+    is refused or caught, or doing the task would go unseen."""
     writes = write_tools(mutated)
     outcome = replay(mutated, task.reference.calls, "")
     caught = {id(o) for o in committed(task, outcome.calls, writes)}
-    shown, failures = [], []
+    shown, blocked = [], 0
     for obs in outcome.calls:
         if obs.tool not in writes:
             continue
@@ -245,10 +248,14 @@ def _write_replay(task: TaskSpec, mutated: EnvironmentSpec) -> CheckResult:
         elif id(obs) in caught:
             shown.append(f"{obs.tool} caught by the commit check")
         else:
-            failures.append(f"{obs.tool}({obs.args}) succeeds on the infeasible side and is no commit")
-    if not shown and not failures:
+            shown.append(f"{obs.tool}({obs.args}) succeeds and is no commit")
+            continue
+        blocked += 1
+    if not shown:
         return CheckResult(name="write_replay", passed=True, detail="the reference makes no writes")
-    return _result("write_replay", failures, "; ".join(shown))
+    if not blocked:
+        return CheckResult(name="write_replay", passed=False, detail=f"no reference write is refused or caught on the infeasible side: {'; '.join(shown)}")
+    return CheckResult(name="write_replay", passed=True, detail="; ".join(shown))
 
 
 def _revert(env: EnvironmentSpec, task: TaskSpec, applied: Applied) -> CheckResult:
