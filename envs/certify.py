@@ -12,7 +12,7 @@ import re
 from envs.answers import cut, spans, states
 from envs.match import ANY, equal, objects
 from envs.mutation import Applied, apply_mutation, apply_ops, revert
-from envs.rescue import MAX_CALLS, Values, arguments, explore, rescue_search, tokens
+from envs.rescue import MAX_CALLS, RescueResult, Values, arguments, explore, rescue_search, tokens
 from envs.runtime import EnvInstance, diff_rows
 from envs.spec import SpecError, tool_infos, write_tools
 from envs.verify import Outcome, committed, verify
@@ -164,30 +164,37 @@ def _no_rescue(pair: PairSpec, env: EnvironmentSpec, mutated: EnvironmentSpec, b
 def _ambiguity(pair: PairSpec, env: EnvironmentSpec, mutated: EnvironmentSpec, budget: int) -> CheckResult:
     pattern = pair.mutation.candidates or {}
     keys = sorted(k for k, v in pattern.items() if v == ANY)
+    if not keys:
+        return CheckResult(name="ambiguity", passed=False, detail='mutation.candidates: the identifying details, with "*" on the keys that tell entities apart, are not declared')
     counts = []
     for side, spec, wanted in (("infeasible", mutated, "two or more"), ("feasible", env, "exactly one")):
-        seen: set[str] = set()
-        named: set[str] = set()
-
-        def collect(obs: Observation) -> bool:
-            for o in objects(obs.output if obs.ok else ()):
-                if _mentions(pattern, o):
-                    seen.add(json.dumps([o[k] for k in keys], default=str))
-            if not obs.ok and len(keys) == 1 and all(_mention(v, obs.message) for v in pattern.values() if v != ANY):
-                named.update(tokens(obs.message))
-            return False
-
-        search = explore(spec, pair.task, collect, budget)
-        # a refusal naming the matches ("'Greenfield, CA' matches 2 points: MTR-PT-0733; HNX-PT-0649")
-        # shows them too: its identifiers shaped like those the matching records carry
-        shapes = {_shape(json.loads(s)[0]) for s in seen}
-        seen |= {json.dumps([t]) for t in named if _shape(t) in shapes}
+        seen, search = _candidates(spec, pair.task, pattern, keys, budget)
         if not search.exhausted:
             return CheckResult(name="ambiguity", passed=False, detail=f"{side} search spent its budget of {budget} read calls before it was exhausted")
         counts.append(f"{len(seen)} on the {side} side ({search.calls} calls)")
         if (len(seen) < 2) if side == "infeasible" else (len(seen) != 1):
             return CheckResult(name="ambiguity", passed=False, detail=f"{pattern} matches {'; '.join(counts)}; want {wanted}: {sorted(seen)}")
     return CheckResult(name="ambiguity", passed=True, detail=f"entities matching {pattern}: {', '.join(counts)}")
+
+
+def _candidates(spec: EnvironmentSpec, task: TaskSpec, pattern: dict, keys: list[str], budget: int) -> tuple[set[str], RescueResult]:
+    """The distinct `keys` values of the records matching `pattern` that the search observes."""
+    seen: set[str] = set()
+    named: set[str] = set()
+
+    def collect(obs: Observation) -> bool:
+        for o in objects(obs.output if obs.ok else ()):
+            if _mentions(pattern, o):
+                seen.add(json.dumps([o[k] for k in keys], default=str))
+        if not obs.ok and len(keys) == 1 and all(_mention(v, obs.message) for v in pattern.values() if v != ANY):
+            named.update(tokens(obs.message))
+        return False
+
+    search = explore(spec, task, collect, budget)
+    # a refusal naming the matches ("'Greenfield, CA' matches 2 points: MTR-PT-0733; HNX-PT-0649")
+    # shows them too: its identifiers shaped like those the matching records carry
+    shapes = {_shape(json.loads(s)[0]) for s in seen}
+    return seen | {json.dumps([t]) for t in named if _shape(t) in shapes}, search
 
 
 def _conflict(pair: PairSpec, env: EnvironmentSpec, mutated: EnvironmentSpec) -> CheckResult:
