@@ -129,10 +129,14 @@ def arguments(tool, values: Values):
     fields = tool.input_schema.get("properties", {})
     required = [n for n in fields if n in tool.input_schema.get("required", ())]
     pools = {n: values.for_param(n, schema) for n, schema in fields.items()}
-    combined = {n: pools[n][0] or pools[n][1] for n in required}
-    bases = [dict(zip(required, combo)) for combo in itertools.product(*(combined[n] for n in required))]
-    if bases:
-        bases += [{**bases[0], n: v} for n in required if pools[n][0] for v in pools[n][1]]
+    combined = [pools[n][0] or pools[n][1] for n in required]
+    if not all(combined):
+        return
+    first = dict(zip(required, (pool[0] for pool in combined)))
+    bases = itertools.chain(
+        (dict(zip(required, combo)) for combo in itertools.product(*combined)),
+        ({**first, n: v} for n in required if pools[n][0] for v in pools[n][1]),
+    )
     optional = [n for n in fields if n not in required]
     for i, base in enumerate(bases):
         yield base
