@@ -230,3 +230,15 @@ def test_generated_control_edits_plain_text_only(depot):
     assert ops == ()
     (op,) = control_ops(depot.pair, depot.env)
     assert (op.table, op.key, op.fields) == ("customers", "C-2", {"name": "Omar Haddad (rev. 2)"})
+
+
+def test_generated_control_skips_json_held_as_text(depot):
+    env = depot.env
+    items = env.table("items")
+    attrs_first = items.model_copy(update={"columns": tuple(sorted(items.columns, key=lambda c: c.name != "attrs"))})
+    env = env.model_copy(update={"tables": tuple(attrs_first if t.name == "items" else t for t in env.tables)})
+    reference = depot.pair.task.reference
+    task = {"reference": reference.model_copy(update={"calls": reference.calls[1:]})}
+    ledger_only = {"state": depot.pair.mutation.state[1:], "scope": Scope(rows={"ledger": ("L-1",)})}
+    (op,) = control_ops(variant(depot, task=task, **ledger_only), env)
+    assert (op.table, op.key, op.fields) == ("items", "HX-100", {"name": "Hex key set (rev. 2)"})
