@@ -26,7 +26,8 @@ from envs import untrusted
 from envs.untrusted import ToolProcess
 from state.records import EnvironmentSpec, Observation, RowChange, StateDiff, ToolInfo, ToolPatch
 
-_SQL_TYPES = {"text": str, "integer": int, "real": float, "boolean": int}
+# a json column holds its value's JSON text; snapshots decode it
+_SQL_TYPES = {"text": str, "integer": int, "real": float, "boolean": int, "json": str}
 _template_lock = threading.RLock()
 
 
@@ -50,7 +51,8 @@ def _build(spec: EnvironmentSpec) -> sqlite3.Connection:
             pk=table.primary_key,
             not_null={c.name for c in table.columns if not c.nullable},
         )
-        db[table.name].insert_all(spec.rows.get(table.name, ()))
+        encoded = [c.name for c in table.columns if c.type == "json"]
+        db[table.name].insert_all(_encode(row, encoded) for row in spec.rows.get(table.name, ()))
     conn.commit()
     return conn
 
@@ -73,7 +75,27 @@ def initial_rows(spec: EnvironmentSpec) -> dict[str, list[dict]]:
 
 
 def snapshot(conn: sqlite3.Connection, spec: EnvironmentSpec) -> dict[str, list[dict]]:
-    return {t.name: _rows(conn.execute(f"select * from [{t.name}] order by [{t.primary_key}]")) for t in spec.tables}
+    out = {}
+    for t in spec.tables:
+        rows = _rows(conn.execute(f"select * from [{t.name}] order by [{t.primary_key}]"))
+        encoded = [c.name for c in t.columns if c.type == "json"]
+        out[t.name] = [_decode(r, encoded) for r in rows] if encoded else rows
+    return out
+
+
+def _encode(row: dict, columns: list[str]) -> dict:
+    return {**row, **{c: json.dumps(row[c]) for c in columns if row.get(c) is not None}}
+
+
+def _decode(row: dict, columns: list[str]) -> dict:
+    out = dict(row)
+    for c in columns:
+        if isinstance(out[c], str):
+            try:
+                out[c] = json.loads(out[c])
+            except json.JSONDecodeError:
+                pass  # a tool wrote text that is not JSON: the diff shows it as written
+    return out
 
 
 def _rows(cursor: sqlite3.Cursor) -> list[dict]:

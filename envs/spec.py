@@ -23,6 +23,7 @@ import jsonschema
 import yaml
 from pydantic import Field, ValidationError, create_model
 
+from envs.match import ANY
 from state.records import Column, EnvironmentSpec, PairSpec, StateOp, TableSpec, ToolInfo, content_hash
 
 
@@ -57,7 +58,7 @@ def _validation_error(path: Path, exc: ValidationError) -> SpecError:
     return SpecError(path, field, f"{err['msg']} (got {err.get('input')!r:.80})")
 
 
-_PY_TYPES = {"text": str, "integer": int, "real": (int, float), "boolean": bool}
+_PY_TYPES = {"text": str, "integer": int, "real": (int, float), "boolean": bool, "json": object}
 
 
 def files_signature(path: Path | str) -> tuple:
@@ -124,10 +125,10 @@ def _table(path: Path, name: str, body: Any) -> TableSpec:
         raise SpecError(path, f"{where}.columns", "a mapping of column name to type")
     columns = []
     for col, decl in body["columns"].items():
-        match = re.fullmatch(r"(text|integer|real|boolean)(\?)?(?:\s*->\s*(\w+\.\w+))?", str(decl).strip())
+        match = re.fullmatch(r"(text|integer|real|boolean|json)(\?)?(?:\s*->\s*(\w+\.\w+))?", str(decl).strip())
         if not match:
             raise SpecError(
-                path, f"{where}.columns.{col}", f"text|integer|real|boolean, '?' if nullable, '-> table.column' for a reference (got {decl!r})"
+                path, f"{where}.columns.{col}", f"text|integer|real|boolean|json, '?' if nullable, '-> table.column' for a reference (got {decl!r})"
             )
         columns.append(Column(name=col, type=match[1], nullable=bool(match[2]), references=match[3]))
     pk = body.get("primary_key")
@@ -169,9 +170,19 @@ def check_row(path: Path | str, where: str, table: TableSpec, row: Any) -> None:
             if not col.nullable:
                 raise SpecError(path, f"{where}.{col.name}", f"{col.type}, not null (declare '{col.type}?' to allow null)")
             continue
-        ok = isinstance(value, _PY_TYPES[col.type]) and not (col.type != "boolean" and isinstance(value, bool))
+        ok = isinstance(value, _PY_TYPES[col.type]) and not (col.type not in ("boolean", "json") and isinstance(value, bool))
+        if col.type == "json" and not _is_json(value):
+            raise SpecError(path, f"{where}.{col.name}", f"a JSON value (got {value!r:.80})")
         if not ok:
             raise SpecError(path, f"{where}.{col.name}", f"a {col.type} (got {value!r})")
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _check_references(directory: Path, tables: tuple[TableSpec, ...], rows: dict) -> None:
@@ -416,6 +427,11 @@ def check_pair(path: Path, pair: PairSpec, env: EnvironmentSpec) -> None:
         tool("mutation.scope.tools", name)
     if not mut.witness or not all(mut.witness):
         raise SpecError(path, "mutation.witness", "a list of non-empty object patterns, each establishing the broken requirement")
+    stars = [k for k, v in (mut.candidates or {}).items() if v == ANY]
+    if mut.category == "ambiguous_entity" and not (stars and len(stars) < len(mut.candidates)):
+        raise SpecError(path, "mutation.candidates", 'an object pattern of the identifying details with "*" on the keys that tell entities apart')
+    if mut.category == "conflicting_records" and (len(mut.conflict) < 2 or not all(mut.conflict)):
+        raise SpecError(path, "mutation.conflict", "two or more object patterns, the conflicting observations")
 
 
 def _check_op(path: Path, where: str, op: StateOp, tables: dict[str, TableSpec]) -> None:

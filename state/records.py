@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 Scalar = str | int | float | bool | None
 Row = dict[str, Any]
 
-ColumnType = Literal["text", "integer", "real", "boolean"]
+ColumnType = Literal["text", "integer", "real", "boolean", "json"]
 Category = Literal[
     "missing_evidence",
     "conflicting_records",
@@ -214,6 +214,10 @@ class Mutation(Record):
     scope: Scope
     evidence: Evidence
     witness: tuple[Row, ...]
+    # ambiguous_entity: the instruction's identifying details, "*" on the keys that tell entities apart
+    candidates: Row | None = None
+    # conflicting_records: the conflicting observations, the feasible side's consistent one among them
+    conflict: tuple[Row, ...] = ()
     reportable: tuple[str, ...] = ()
 
 

@@ -61,7 +61,7 @@ def test_certified_batch_admitted_when_the_harness_fails_to_abstain(context):
     (outcome,) = final["outcomes"].values()
     assert outcome.status == "certified" and outcome.rounds == 1 and outcome.target.parent == PARENT
     assert outcome.pair_id.startswith(f"{PARENT}--missing-evidence-")
-    assert all(c.split(":")[1].strip().startswith("pass") for c in outcome.checks) and len(outcome.checks) == 8
+    assert all(c.split(":")[1].strip().startswith("pass") for c in outcome.checks) and len(outcome.checks) == 9
     (screening,) = final["screenings"]
     assert screening["failed_to_abstain"] == [outcome.pair_id] and screening["needed"] == 1 and screening["admitted"]
     assert final["admitted"] == [outcome.pair_id]
