@@ -42,6 +42,7 @@ from graphs.report import (
     build_report,
     evaluation,
     funnel,
+    proposal_costs,
     score_cell,
     score_note,
     score_rows,
@@ -723,7 +724,7 @@ def evolve_envs(args: argparse.Namespace) -> int:
             raise UsageError(f"{pair_id} is not a training pair; only training pairs may be parents")
     context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
                       proposer_model=args.proposer_model or args.model, reviewer_model=args.reviewer_model or args.model,
-                      catalog=args.catalog, ledger=args.ledger)
+                      proposals=args.proposals, catalog=args.catalog, ledger=args.ledger, max_turns=args.max_turns)
     reachable(("--model", args.model), *role_specs(args, "judge_model", "proposer_model", "reviewer_model"))
     diagnosis = load_diagnosis(args.diagnosis, context, args.catalog)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
@@ -743,8 +744,9 @@ def evolve_envs(args: argparse.Namespace) -> int:
             batch_size=args.batch_size, tau=args.tau, batches=args.batches, budget=args.budget, run_id=args.run_id, on_event=on_event))
     outcomes = list(final.get("outcomes", {}).values())
     counts = funnel(outcomes, len(final.get("admitted", [])))
+    costs = proposal_costs(outcomes)
     if args.json:
-        print(json.dumps({"run_id": run_id, "funnel": counts, "outcomes": [o.model_dump() for o in outcomes],
+        print(json.dumps({"run_id": run_id, "funnel": counts, "costs": costs, "outcomes": [o.model_dump() for o in outcomes],
                           "screenings": final.get("screenings", []), "admitted": final.get("admitted", [])}, indent=1, default=str))
     else:
         table = Table(title=f"environment evolution {run_id}")
@@ -752,6 +754,13 @@ def evolve_envs(args: argparse.Namespace) -> int:
             table.add_column(col.replace("_", " "), justify="right")
         table.add_row(*(str(v) for v in counts.values()))
         console.print(table)
+        spent = Table(title="proposal costs (minutes: model time by role; wall time for the totals)")
+        for col in ("role", "calls", "tokens", "minutes"):
+            spent.add_column(col, justify="left" if col == "role" else "right")
+        for row in costs:
+            spent.add_row(row["role"], *("—" if row[k] is None else f"{row[k]:,.1f}" if k == "minutes" or row["role"].startswith("per")
+                                         else f"{row[k]:,}" for k in ("calls", "tokens", "minutes")))
+        console.print(spent)
     return 0 if final.get("admitted") else 1
 
 
@@ -940,7 +949,7 @@ def _method(name: str, args: argparse.Namespace, settings: dict, pairs: dict[str
 def _method_context(args: argparse.Namespace, settings: dict) -> Context:
     reachable(("--model", args.model), ("--judge-model", args.judge_model))
     return Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
-                   optimizer_model=args.model, proposer_model=args.model, reviewer_model=args.model,
+                   optimizer_model=args.model, proposer_model=args.model, reviewer_model=args.model, proposals=args.proposals,
                    catalog=args.catalog, ledger=args.ledger, max_turns=settings.pop("max_turns"))
 
 
@@ -1008,6 +1017,7 @@ def _add_coevolution_parsers(top) -> None:
             sub.add_argument(f"--{key.replace('_', '-')}", type=non_negative_int if key == "bench" else positive_int, help=f"{what} (default: the preset's)")
         sub.add_argument("--tau", type=share, help="batch admission threshold (default 0.4)")
         sub.add_argument("--gate-level", type=level, help=f"the selection gate's sign-test level (default {GATE_LEVEL:g})")
+        sub.add_argument("--proposals", choices=PROPOSALS, default="menu", help=PROPOSALS_HELP)
         sub.add_argument("--run-id", help="resume this run")
         sub.add_argument("--json", action="store_true")
 
@@ -1214,6 +1224,7 @@ def parser() -> argparse.ArgumentParser:
     ee.add_argument("--judge-model", type=model_spec)
     ee.add_argument("--proposer-model", type=model_spec, help="environment designer and mutation proposers (default: --model)")
     ee.add_argument("--reviewer-model", type=model_spec, help="semantic and rescue reviewers (default: --model)")
+    ee.add_argument("--proposals", choices=PROPOSALS, default="menu", help=PROPOSALS_HELP)
     ee.add_argument("--harness", default="H0", help="the current harness, which screens each batch")
     ee.add_argument("--parents", nargs="+", type=pair_id, action=Distinct, help="training pairs to mutate (default: the first --pool-size of the train split)")
     ee.add_argument("--pool-size", type=positive_int, default=20)
@@ -1223,6 +1234,7 @@ def parser() -> argparse.ArgumentParser:
     ee.add_argument("--tau", type=share, default=0.4, help="admit a batch when the harness fails to abstain on this share of it")
     ee.add_argument("--batches", type=positive_int, default=1, help="batches to admit")
     ee.add_argument("--budget", type=positive_int, default=3, help="design rounds at most")
+    ee.add_argument("--max-turns", type=positive_int, help="a cap on every screening episode's turns (default: the harness's own limit)")
     ee.add_argument("--run-id", help="resume this run")
     ee.add_argument("--json", action="store_true")
     ee.set_defaults(run=evolve_envs)
@@ -1241,6 +1253,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+PROPOSALS = ("menu", "free")
+PROPOSALS_HELP = ("menu: proposers choose one of the changes derived from the parent pair (for small models); "
+                  "free: they write whole mutations (for a stronger --proposer-model) (default: menu)")
 CATALOG_COMMANDS = ("eval", "evolve-harness", "evolve-envs", "coevolve", "compare", "transfer")
 
 

@@ -52,10 +52,11 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 # on the embedded local model on two CPU cores, where a 30-turn episode alone can take half an hour.
 # Its 6 validation pairs are the fewest with which the selection gate (a sign test at 0.05, which
 # needs 5 pairs all improving) can pass with one pair left unchanged: with fewer, selection could
-# only ever keep H0, and each pair more costs two episodes per harness scored.
+# only ever keep H0, and each pair more costs two episodes per harness scored. One refinement round
+# lets a proposal that a review or check rejects choose again with the reason in hand.
 PRESETS: dict[str, dict] = {
     "quick": {"train": 2, "validation": 6, "bench": 1, "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
-              "max_refinements": 0, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": 10},
+              "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": 10},
     "paper": {"train": 20, "validation": 15, "bench": None, "rounds": 6, "proposers": 5, "batch_size": 5, "budget": 2,
               "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": None},
 }

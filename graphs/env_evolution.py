@@ -20,6 +20,7 @@ import math
 import operator
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -33,13 +34,14 @@ from typing_extensions import TypedDict
 
 from envs.catalog import CATALOG, load_entry
 from envs.certify import certify
+from envs.menu import menu
 from envs.mutation import apply_mutation
 from envs.spec import SpecError, check_pair
 from graphs import api
 from graphs.fdcr import diagnosis_text
 from prompts import render
 from roles.models import chat_model
-from roles.mutation_proposer import describe_parent, mutation_proposer as propose
+from roles.mutation_proposer import describe_parent, describe_task, menu_proposer as propose_from_menu, mutation_proposer as propose
 from roles.rescue_reviewer import rescue_reviewer as rescue_review
 from roles.semantic_reviewer import semantic_reviewer as semantic_review
 from state.context import Context
@@ -69,6 +71,9 @@ class ProposalState(ProposalInput, ProposalOutput, total=False):
     log: Annotated[list[str], operator.add]
     round: int
     feedback: str
+    shown: str  # the proposal as the reviewers read it
+    tried: Annotated[list[str], operator.add]  # menu options already chosen
+    started: float
 
 
 def _entry(pair_id: str, ctx: Context):
@@ -81,15 +86,33 @@ def _pair(pair_id: str, parent, mutation: Mutation) -> PairSpec:
                     control=parent.pair.control)
 
 
-async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> Command[Literal["semantic_reviewer", "rescue_reviewer", "review_decider"]]:
-    """Writes one mutation (again, with the reviews' feedback, on a refinement) and checks that it applies; writes `mutation`, `invalid`."""
+async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> Command[Literal["semantic_reviewer", "rescue_reviewer", "review_decider", "__end__"]]:
+    """Chooses one change from the parent's menu (with free proposals: writes a whole mutation), again with the
+    feedback on a refinement, and checks that it applies; writes `mutation`, `shown`, `invalid`, `tried`."""
     ctx, target = runtime.context, state["target"]
     entry = await asyncio.to_thread(_entry, target.parent, ctx)
-    parent = state.get("parent") or await asyncio.to_thread(describe_parent, entry)
-    mutation, usage = await propose(parent, target.category, target.idea, state["weakness"], state.get("feedback", ""),
-                                    ctx.proposer_model, ctx.model_timeout_s)
-    mutation = mutation.model_copy(update={"category": target.category})
-    update = {"parent": parent, "mutation": mutation, "usage": [usage], "round": state.get("round", 0) + 1, "invalid": ""}
+    round_ = state.get("round", 0) + 1
+    started = state.get("started") or time.time()
+    if ctx.proposals == "menu":
+        parent = state.get("parent") or await asyncio.to_thread(describe_task, entry)
+        options = [o for o in await asyncio.to_thread(menu, entry.env, entry.pair) if o.id not in state.get("tried", [])]
+        if not options:
+            reason = f"no option of {target.parent}'s menu is left" + (f" (last: {state['feedback']})" if state.get("feedback") else "")
+            return Command(goto=END, update=_outcome({**state, "round": round_ - 1, "started": started}, "rejected", reason))
+        wanted = [o for o in options if o.category == target.category] or options
+        option, mutation, usage = await propose_from_menu(parent, wanted, target.category, target.idea, state["weakness"],
+                                                          state.get("feedback", ""), ctx.proposer_model, ctx.model_timeout_s)
+        shown = (f"category: {mutation.category}\nchange: {option.summary}\ndescription: {mutation.description}\n"
+                 f"requirement broken: {mutation.requirement}\nevidence: the output of {mutation.evidence.tool} then contains "
+                 f"{mutation.evidence.contains!r}")
+        update = {"tried": [option.id], "log": [f"round {round_}: chose {option.line()}"]}
+    else:
+        parent = state.get("parent") or await asyncio.to_thread(describe_parent, entry)
+        mutation, usage = await propose(parent, target.category, target.idea, state["weakness"], state.get("feedback", ""),
+                                        ctx.proposer_model, ctx.model_timeout_s)
+        mutation = mutation.model_copy(update={"category": target.category})
+        shown, update = mutation.model_dump_json(indent=1), {}
+    update |= {"parent": parent, "mutation": mutation, "shown": shown, "usage": [usage], "round": round_, "invalid": "", "started": started}
     pair = _pair(target.id, entry, mutation)
     try:
         await asyncio.to_thread(check_pair, Path("proposal") / target.id, pair, entry.env)
@@ -102,7 +125,7 @@ async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> 
 async def semantic_reviewer(state: ProposalState, runtime: Runtime[Context]) -> dict:
     """Judges whether the mutation breaks the task for its stated reason; writes `verdicts`."""
     ctx = runtime.context
-    review, usage = await semantic_review(state["parent"], state["mutation"].model_dump_json(indent=1), ctx.reviewer_model, ctx.model_timeout_s)
+    review, usage = await semantic_review(state["parent"], state["shown"], ctx.reviewer_model, ctx.model_timeout_s)
     return {"verdicts": {"semantic": review}, "usage": [usage]}
 
 
@@ -111,7 +134,8 @@ async def rescue_reviewer(state: ProposalState, runtime: Runtime[Context]) -> di
     ctx, target = runtime.context, state["target"]
     entry = await asyncio.to_thread(_entry, target.parent, ctx)
     mutated = (await asyncio.to_thread(apply_mutation, entry.env, state["mutation"])).env
-    review, usage = await rescue_review(state["parent"], state["mutation"], mutated, entry.pair.task, ctx.reviewer_model, ctx.model_timeout_s)
+    review, usage = await rescue_review(state["parent"], state["mutation"], state["shown"], mutated, entry.pair.task, ctx.reviewer_model,
+                                        ctx.model_timeout_s)
     return {"verdicts": {"rescue": review}, "usage": usage}
 
 
@@ -120,7 +144,7 @@ def _outcome(state: ProposalState, status: str, reason: str, checks: tuple[str, 
     mutation = state.get("mutation")
     outcome = ProposalOutcome(target=target, status=status, pair_id=target.id, mutation=mutation.model_dump(mode="json") if mutation else None,
                               rounds=state.get("round", 0), reviews=tuple(state.get("log", [])), checks=checks, reason=reason,
-                              usage=tuple(state.get("usage", [])))
+                              usage=tuple(state.get("usage", [])), elapsed_s=round(time.time() - state.get("started", time.time()), 1))
     return {"outcomes": {target.id: outcome}}
 
 

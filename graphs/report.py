@@ -173,6 +173,22 @@ def funnel(outcomes: list[ProposalOutcome], admitted: int) -> dict[str, int]:
             "certified": sum(o.status == "certified" for o in outcomes), "admitted": admitted}
 
 
+def proposal_costs(outcomes: list[ProposalOutcome]) -> list[dict]:
+    """Model calls, tokens and model minutes by role over all proposals, then the total and the total per certified pair."""
+    certified = sum(o.status == "certified" for o in outcomes)
+    rows: dict[str, dict] = {}
+    for usage in (u for o in outcomes for u in o.usage):
+        row = rows.setdefault(usage.role, {"role": usage.role, "calls": 0, "tokens": 0, "minutes": 0.0})
+        row["calls"] += 1
+        row["tokens"] += usage.input_tokens + usage.output_tokens
+        row["minutes"] += usage.latency_s / 60
+    total = {"role": "all roles", "calls": sum(r["calls"] for r in rows.values()), "tokens": sum(r["tokens"] for r in rows.values()),
+             "minutes": sum(o.elapsed_s for o in outcomes) / 60}
+    per = {"role": "per certified pair", **({k: total[k] / certified for k in ("calls", "tokens", "minutes")} if certified else
+                                             {"calls": None, "tokens": None, "minutes": None})}
+    return [*sorted(rows.values(), key=lambda r: r["role"]), total, per]
+
+
 def as_metrics(recorded: dict | None) -> Metrics | None:
     """The Metrics a lineage entry recorded (with the id of its evaluation run beside them)."""
     if not recorded:

@@ -3,20 +3,25 @@ task, a target category and the harness's diagnosed weakness, it writes a
 controlled environment mutation that should make the task infeasible while
 the instruction and the public tools stay the same (HERA §3.1, App. B.3).
 It sees only the training parent: its schema, a few rows, its tools, the
-task and the reference trajectory."""
+task and the reference trajectory. The menu proposer, for a small model,
+only chooses one of the changes `envs.menu` derived from the parent and
+describes it."""
 
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 from langchain_core.messages import HumanMessage
+from pydantic import Field, create_model
 
 from envs.catalog import Entry
 from envs.certify import replay
+from envs.menu import Option
 from envs.runtime import EnvInstance
 from prompts import render
 from roles.models import chat_model
-from state.records import Mutation, UsageRecord
+from state.records import Mutation, Record, UsageRecord
 
 ROWS_SHOWN = 3  # of a table the reference solution reads or writes; one row of any other
 
@@ -66,3 +71,32 @@ async def mutation_proposer(parent: str, category: str, idea: str, weakness: str
     prompt = render("mutation_proposer", parent=parent, category=category.replace("_", " "), idea=idea or "(your choice)",
                     weakness=weakness or "(none diagnosed)", feedback=feedback or "(first attempt)")
     return await chat_model(model, role="mutation_proposer", timeout_s=timeout_s).structured([HumanMessage(prompt)], Mutation)
+
+
+def choice_schema(options: list[Option]) -> type[Record]:
+    """The menu proposer's response format: the option ids as an enum, so the grammar admits no other choice."""
+    ids = tuple(o.id for o in options)
+    return create_model("MenuChoice", __base__=Record, option=(Literal[ids], Field(description="the id of the chosen change")),  # type: ignore[valid-type]
+                        description=(str, Field(description="what changed, in one sentence")),
+                        requirement=(str, Field(description="which requirement of the request it breaks, in one sentence")))
+
+
+def describe_task(entry: Entry) -> str:
+    """The parent task and its reference calls, as short as a small model reads well."""
+    task = entry.pair.task
+    outcome = replay(entry.env, task.reference.calls, task.reference.answer)
+    calls = "\n".join(f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}) -> {o.text[:160]}" for o in outcome.calls)
+    return f"Task (feasible now): {task.instruction.strip()}\n\nReference solution:\n{calls}\nAnswer: {task.reference.answer}"
+
+
+async def menu_proposer(task: str, options: list[Option], category: str, idea: str, weakness: str, feedback: str, model: str,
+                        timeout_s: float = 1800.0) -> tuple[Option, Mutation, UsageRecord]:
+    """One option chosen from the menu, described; its mutation carries the proposer's description and requirement."""
+    prompt = render("menu_proposer", task=task, options="\n".join(o.line() for o in options), category=category.replace("_", " "),
+                    idea=idea or "(your choice)", weakness=weakness or "(none diagnosed)", feedback=feedback or "(first attempt)")
+    choice, usage = await chat_model(model, role="mutation_proposer", timeout_s=timeout_s).structured([HumanMessage(prompt)],
+                                                                                                       choice_schema(options))
+    option = next(o for o in options if o.id == choice.option)
+    mutation = option.mutation.model_copy(update={"description": choice.description.strip() or option.summary,
+                                                  "requirement": choice.requirement.strip()})
+    return option, mutation, usage

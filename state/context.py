@@ -14,6 +14,7 @@ class Context:
     analyst_model: str = "local"  # failure analyst and the FDCR review roles
     optimizer_model: str = "local"  # the coding agent that edits harness candidates
     proposer_model: str = "local"  # environment designer and mutation proposers
+    proposals: str = "menu"  # "menu": proposers choose from changes derived from the parent; "free": they write whole mutations
     reviewer_model: str = "local"  # semantic and rescue reviewers
     builder_model: str = "local"  # environment builder and tool coder (construction from a theme)
     task_model: str = "local"  # task proposer

@@ -149,3 +149,4 @@ class ProposalOutcome(Record):
     checks: tuple[str, ...] = ()
     reason: str = ""
     usage: tuple[UsageRecord, ...] = ()
+    elapsed_s: float = 0.0  # wall time from the first proposal to the outcome, reviews and certification included

@@ -60,6 +60,9 @@ def mutation() -> dict:
 def propose(messages, schema):
     if schema.__name__ == "DesignPlan":
         return {"targets": [{"parent": PARENT, "category": "missing_evidence", "idea": "hide the price"}]}
+    if schema.__name__ == "MenuChoice":  # the first change the menu offers
+        first = schema.model_json_schema()["properties"]["option"]["enum"][0]
+        return {"option": first, "description": "the stock is gone", "requirement": "the stock must be known"}
     return mutation()
 
 
@@ -200,7 +203,7 @@ def any_role(messages, second):
     replies = {"GroupCause": CAUSE, "ModificationSpec": SPEC, "StructuredEdit": EDIT, "Review": ACCEPT}
     if second.__name__ in replies:
         return replies[second.__name__]
-    return propose(messages, second) if second.__name__ in ("DesignPlan", "Mutation") else shop_judge(messages, second)
+    return propose(messages, second) if second.__name__ in ("DesignPlan", "Mutation", "MenuChoice") else shop_judge(messages, second)
 
 
 def test_compare_runs_each_method_on_the_same_protocol_and_coevolve_writes_a_report(context, capsys):

@@ -38,7 +38,7 @@ def context(tmp_path, monkeypatch):
     monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
     scripted.clear()
     yield Context(agent_model="scripted:agent", judge_model="scripted:judge", proposer_model="scripted:proposer",
-                  reviewer_model="scripted:reviewer", catalog=str(FIXTURES), ledger=str(tmp_path / "ledger.db"))
+                  reviewer_model="scripted:reviewer", proposals="free", catalog=str(FIXTURES), ledger=str(tmp_path / "ledger.db"))
     scripted.clear()
 
 
@@ -123,7 +123,7 @@ def test_no_validation_or_bench_data_reaches_a_generation_role(tmp_path, monkeyp
 
     scripted.register("proposer", [propose] * 3)
     scripted.register("reviewer", [ACCEPT] * 4)
-    context = Context(proposer_model="scripted:proposer", reviewer_model="scripted:reviewer", ledger=str(tmp_path / "l.db"))
+    context = Context(proposer_model="scripted:proposer", reviewer_model="scripted:reviewer", proposals="free", ledger=str(tmp_path / "l.db"))
     _, final = asyncio.run(api.evolve_envs(train, DIAGNOSIS, context, proposers=2, max_refinements=0, batch_size=5, budget=1))
     scripted.assert_consumed()
     assert sorted(o.status for o in final["outcomes"].values()) == ["certified", "certified"]
@@ -148,7 +148,8 @@ def test_cli_funnel_and_diagnosis_file(context, tmp_path, capsys):
     diagnosis.write_text(DIAGNOSIS.model_dump_json())
     args = ["--catalog", str(FIXTURES), "--ledger", context.ledger, "evolve-envs", "--diagnosis", str(diagnosis),
             "--model", "scripted:agent", "--judge-model", "scripted:judge", "--proposer-model", "scripted:proposer",
-            "--reviewer-model", "scripted:reviewer", "--parents", PARENT, "--proposers", "1", "--batch-size", "1", "--budget", "1", "--json"]
+            "--reviewer-model", "scripted:reviewer", "--proposals", "free", "--parents", PARENT, "--proposers", "1", "--batch-size", "1",
+            "--budget", "1", "--json"]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["funnel"] == {"proposals": 1, "passed_review": 1, "certified": 1, "admitted": 1}

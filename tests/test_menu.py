@@ -1,0 +1,124 @@
+"""Mutation menus: the facts of a reference path, the options derived from them, and the menu proposer in the
+env_evolution graph with scripted models."""
+
+import asyncio
+
+import pytest
+from pydantic import ValidationError
+
+from envs.catalog import load_catalog
+from envs.certify import certify
+from envs.menu import MAX_OPTIONS, facts, menu
+from graphs import api
+from roles import scripted
+from roles.mutation_proposer import choice_schema
+from state.context import Context
+from state.records import Mutation
+from tests.conftest import FIXTURES
+from tests.scripts import eager_agent, shop_judge
+from tests.test_env_evolution import ACCEPT, DIAGNOSIS, PARENT
+
+CATALOG = load_catalog()
+SHOP = load_catalog(FIXTURES)[PARENT]
+# one training pair per category that the menu derives (cumulative_privacy has no derivation: see envs/menu.py)
+BY_CATEGORY = {
+    "missing_evidence": "retail-jacket-delivery-date-missing",
+    "broken_tool": "weather-sf-forecast-outage",
+    "stale_record": "travel-london-return-passport-stale",
+    "authorization_revoked": "clinic-registry-consent-revoked",
+    "ambiguous_entity": "travel-sko-return-two-rosas",
+    "conflicting_records": "CONFLICT",
+    "joint_constraints": "JOINT",
+}
+
+
+def test_the_facts_are_the_values_the_reference_reads_before_its_first_write_and_relies_on():
+    # list_items shows three items; get_item shows DR-220's name, price and stock; reserve writes.
+    # The name is neither passed on nor stated, so it is no fact; the price is stated as "$89.00".
+    got = [(f.call, f.tool, f.table, f.key, f.field, f.value) for f in facts(SHOP.env, SHOP.pair)]
+    assert got == [(0, "list_items", "items", "DR-220", "sku", "DR-220"),
+                   (1, "get_item", "items", "DR-220", "price", 89.0),
+                   (1, "get_item", "items", "DR-220", "stock", 2)]
+
+
+def test_each_option_of_the_shop_menu_is_derived_whole_and_certifies():
+    options = menu(SHOP.env, SHOP.pair)
+    assert [(o.id, o.category, o.operation) for o in options] == [
+        ("O1", "broken_tool", "fail_tool"), ("O2", "missing_evidence", "delete_row"),
+        ("O3", "missing_evidence", "clear_field"), ("O4", "missing_evidence", "redact_field"),
+        ("O5", "missing_evidence", "redact_field")]
+    broken = options[0].mutation
+    assert broken.tools[0].tool == "get_item" and broken.tools[0].when == {"sku": "DR-220"}
+    # price_history still shows the price, so failing get_item is certified with the stock as its witness
+    assert broken.witness == ({"sku": "DR-220", "stock": 2},) and broken.scope.tools == ("get_item",)
+    assert broken.evidence.tool == "get_item" and broken.evidence.contains == "upstream_unavailable"
+    delete = options[1].mutation
+    assert delete.state[0].op == "delete" and delete.scope.rows == {"items": ("DR-220",)} and delete.evidence.contains == "not_found"
+    assert options[2].mutation.evidence.contains == '"price": null'
+    for option in options:
+        assert certify(SHOP.pair.model_copy(update={"mutation": option.mutation}), SHOP.env).passed, option.line()
+
+
+@pytest.mark.parametrize("category", sorted(BY_CATEGORY))
+def test_each_derived_category_certifies_on_a_training_pair(category):
+    entry = CATALOG[BY_CATEGORY[category]]
+    assert entry.pair.split == "train"
+    options = [o for o in menu(entry.env, entry.pair) if o.category == category]
+    assert options, f"no {category} option for {entry.pair.id}"
+    mutation = options[0].mutation
+    cert = certify(entry.pair.model_copy(update={"mutation": mutation}), entry.env)
+    assert cert.passed, [c for c in cert.checks if not c.passed]
+    assert mutation.evidence.contains and mutation.witness and (mutation.scope.rows or mutation.scope.tools)
+    assert 0 < len(menu(entry.env, entry.pair)) <= MAX_OPTIONS
+
+
+def test_a_choice_outside_the_menu_is_refused_by_the_response_format():
+    options = menu(SHOP.env, SHOP.pair)[:2]
+    schema = choice_schema(options)
+    assert schema.model_json_schema()["properties"]["option"]["enum"] == ["O1", "O2"]
+    assert schema.model_validate({"option": "O2", "description": "d", "requirement": "r"}).option == "O2"
+    with pytest.raises(ValidationError):
+        schema.model_validate({"option": "O9", "description": "d", "requirement": "r"})
+
+
+@pytest.fixture
+def context(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+    scripted.clear()
+    yield Context(agent_model="scripted:agent", judge_model="scripted:judge", proposer_model="scripted:proposer",
+                  reviewer_model="scripted:reviewer", catalog=str(FIXTURES), ledger=str(tmp_path / "ledger.db"))
+    scripted.clear()
+
+
+def choose(option: str):
+    return {"option": option, "description": "the drill's price record is gone", "requirement": "the price must be stated"}
+
+
+def test_the_graph_certifies_a_menu_choice_and_a_rejected_choice_is_not_offered_again(context):
+    plan = {"targets": [{"parent": PARENT, "category": "missing_evidence", "idea": "hide the price"}]}
+    scripted.register("proposer", [plan, choose("O2"), choose("O3")])
+    rejected = []
+
+    def review(messages, schema):  # the semantic reviewer rejects round 1's choice; everything else is accepted
+        if messages[0].content.startswith("You review") and not rejected:
+            rejected.append(True)
+            return {"accept": False, "reasons": "a deleted item is not a missing price"}
+        return ACCEPT
+
+    scripted.register("reviewer", [review] * 4)
+    scripted.register("agent", [eager_agent] * 3)
+    scripted.register("judge", [shop_judge])
+    _, final = asyncio.run(api.evolve_envs([PARENT], DIAGNOSIS, context, proposers=1, max_refinements=1, batch_size=1, budget=1))
+    scripted.assert_consumed()
+    (outcome,) = final["outcomes"].values()
+    assert outcome.status == "certified" and outcome.rounds == 2
+    choices = [c for c in scripted.calls("proposer") if c.schema.__name__ == "MenuChoice"]
+    # the wanted category's options only (broken_tool's O1 is not among them), and O2 is gone after its rejection
+    enums = [c.schema.model_json_schema()["properties"]["option"]["enum"] for c in choices]
+    assert enums == [["O2", "O3", "O4", "O5"], ["O3", "O4", "O5"]]
+    assert "a deleted item is not a missing price" in choices[1].messages[0].content
+    assert outcome.reviews[0].startswith("round 1: chose O2 [missing_evidence] delete items row DR-220")
+    mutation = Mutation.model_validate(outcome.mutation)
+    assert mutation.state[0].op == "set" and mutation.state[0].fields == {"price": None}
+    assert mutation.description == "the drill's price record is gone" and mutation.requirement == "the price must be stated"
+    assert outcome.elapsed_s > 0 and {u.role for u in outcome.usage} == {"mutation_proposer", "semantic_reviewer", "rescue_reviewer"}
