@@ -255,7 +255,7 @@ def _contradict(env: EnvironmentSpec, pair: PairSpec, table: TableSpec, f: Fact)
                 if (other.name, key) == (f.table, f.key) or isinstance(key, (dict, list)) or other.column(f.field) is None:
                     continue
                 # a second record of the same entity: it carries the entity's key under the same name
-                if other.primary_key == f.pk or not equal(obj.get(f.pk), f.key) or not equal(obj.get(f.field, object()), f.value):
+                if other.name == f.table or not equal(obj.get(f.pk), f.key) or not equal(obj.get(f.field, object()), f.value):
                     continue
                 ident = {f.pk: f.key}
                 if not any(r[other.primary_key] == key for r in env.rows.get(other.name, ())):

@@ -125,7 +125,8 @@ async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> 
 async def semantic_reviewer(state: ProposalState, runtime: Runtime[Context]) -> dict:
     """Judges whether the mutation breaks the task for its stated reason; writes `verdicts`."""
     ctx = runtime.context
-    review, usage = await semantic_review(state["parent"], state["shown"], ctx.reviewer_model, ctx.model_timeout_s)
+    review, usage = await semantic_review(state["parent"], state["shown"], ctx.reviewer_model, ctx.model_timeout_s,
+                                          derived=ctx.proposals == "menu")
     return {"verdicts": {"semantic": review}, "usage": [usage]}
 
 

@@ -19,6 +19,7 @@ from envs.catalog import Entry
 from envs.certify import replay
 from envs.menu import Option
 from envs.runtime import EnvInstance
+from envs.spec import tool_infos
 from prompts import render
 from roles.models import chat_model
 from state.records import Mutation, Record, UsageRecord
@@ -86,7 +87,9 @@ def describe_task(entry: Entry) -> str:
     task = entry.pair.task
     outcome = replay(entry.env, task.reference.calls, task.reference.answer)
     calls = "\n".join(f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}) -> {o.text[:160]}" for o in outcome.calls)
-    return f"Task (feasible now): {task.instruction.strip()}\n\nReference solution:\n{calls}\nAnswer: {task.reference.answer}"
+    tools = "\n".join(f"- {t.name} ({'read' if t.read_only else 'write'}) ({_params(t.input_schema)})" for t in tool_infos(entry.env).values())
+    return (f"Tools:\n{tools}\n\nTask (feasible now): {task.instruction.strip()}\n\nReference solution:\n{calls}\n"
+            f"Answer: {task.reference.answer}")
 
 
 async def menu_proposer(task: str, options: list[Option], category: str, idea: str, weakness: str, feedback: str, model: str,

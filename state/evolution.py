@@ -133,10 +133,20 @@ class ProposalTarget(Record):
 
 
 class Review(Record):
-    """A reviewer's verdict on one proposed mutation."""
+    """A reviewer's verdict on one proposed mutation. The reasons come first: a grammar-constrained model
+    writes fields in order, and one that decides before it reasons contradicts its own reasons."""
 
+    reasons: str = Field(description="the reasoning; for a rejection, what to change")
     accept: bool = Field(description="true only if the proposal passes this review")
-    reasons: str = Field(description="why; for a rejection, what to change")
+
+
+class RescueClaim(Record):
+    """The rescue reviewer's answer: a route it believes still completes the request, to be run, not believed."""
+
+    reasons: str = Field(description="how the request could still be completed after the change, or why it cannot")
+    route_found: bool = Field(description="true if one read-only tool call below still shows what the change took away")
+    tool: str = Field("", description="that tool's name; empty when no route is found")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="that call's arguments")
 
 
 class ProposalOutcome(Record):

@@ -34,7 +34,11 @@ SPEC = {"failure_patterns": ["acts although a required fact is missing"],
 # an edit that changes nothing the scripted agent reacts to: the candidate never beats its parent, so H0 stays
 # the harness, keeps failing to abstain, and every round's batch is admitted
 EDIT = {"rationale": "ask for care", "system_prompt_addition": "Be careful.", "components": [], "skills": [], "max_turns": None}
-ACCEPT = {"accept": True, "reasons": "breaks the price requirement; observable"}
+def ACCEPT(messages, schema):
+    """Both reviewers' acceptance: the semantic one's verdict, the rescue one's finding of no route."""
+    if schema.__name__ == "RescueClaim":
+        return {"reasons": "no other tool shows the price", "route_found": False}
+    return {"reasons": "breaks the price requirement; observable", "accept": True}
 HELD_OUT = {"validation": "Validation task: reserve two cordless drills and tell me the unit price.",
             "bench": "Bench task: reserve two cordless drills and tell me the unit price."}
 
@@ -60,9 +64,9 @@ def mutation() -> dict:
 def propose(messages, schema):
     if schema.__name__ == "DesignPlan":
         return {"targets": [{"parent": PARENT, "category": "missing_evidence", "idea": "hide the price"}]}
-    if schema.__name__ == "MenuChoice":  # the first change the menu offers
-        first = schema.model_json_schema()["properties"]["option"]["enum"][0]
-        return {"option": first, "description": "the stock is gone", "requirement": "the stock must be known"}
+    if schema.__name__ == "MenuChoice":  # the menu's change that empties the price, as the fixture's own mutation does
+        line = next(line for line in messages[0].content.splitlines() if "] empty items[DR-220].price" in line)
+        return {"option": line.split()[0], "description": "the price is gone", "requirement": "the price must be stated"}
     return mutation()
 
 
@@ -200,7 +204,9 @@ def any_role(messages, second):
     """One scripted model for every role, as `--model` gives one model to all of them."""
     if not isinstance(second, type):
         return eager_agent(messages, second)
-    replies = {"GroupCause": CAUSE, "ModificationSpec": SPEC, "StructuredEdit": EDIT, "Review": ACCEPT}
+    replies = {"GroupCause": CAUSE, "ModificationSpec": SPEC, "StructuredEdit": EDIT}
+    if second.__name__ in ("Review", "RescueClaim"):
+        return ACCEPT(messages, second)
     if second.__name__ in replies:
         return replies[second.__name__]
     return propose(messages, second) if second.__name__ in ("DesignPlan", "Mutation", "MenuChoice") else shop_judge(messages, second)

@@ -30,7 +30,11 @@ def fixture_mutation(pair_id: str) -> dict:
 PRICE_MISSING = fixture_mutation("shop-reserve-drill")   # certifies
 RESCUABLE = fixture_mutation("shop-rescued")             # price_history still shows the price
 INVALID = {**PRICE_MISSING, "state": [{"op": "set", "table": "no_such_table", "key": "x", "fields": {"a": 1}}]}
-ACCEPT = {"accept": True, "reasons": "breaks the price requirement; observable"}
+def ACCEPT(messages, schema):
+    """Both reviewers' acceptance: the semantic one's verdict, the rescue one's finding of no route."""
+    if schema.__name__ == "RescueClaim":
+        return {"reasons": "no other tool shows the price", "route_found": False}
+    return {"reasons": "breaks the price requirement; observable", "accept": True}
 
 
 @pytest.fixture

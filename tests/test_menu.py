@@ -20,15 +20,17 @@ from tests.test_env_evolution import ACCEPT, DIAGNOSIS, PARENT
 
 CATALOG = load_catalog()
 SHOP = load_catalog(FIXTURES)[PARENT]
-# one training pair per category that the menu derives (cumulative_privacy has no derivation: see envs/menu.py)
+# a pair per category that the menu derives (cumulative_privacy has none); the built-in training pairs offer no
+# conflicting_records or joint_constraints option (no entity recorded in two tables, no listed open option), so
+# those two are shown on validation pairs
 BY_CATEGORY = {
     "missing_evidence": "retail-jacket-delivery-date-missing",
     "broken_tool": "weather-sf-forecast-outage",
     "stale_record": "travel-london-return-passport-stale",
-    "authorization_revoked": "clinic-registry-consent-revoked",
+    "authorization_revoked": "retail-tent-refund-approval-revoked",
     "ambiguous_entity": "travel-sko-return-two-rosas",
-    "conflicting_records": "CONFLICT",
-    "joint_constraints": "JOINT",
+    "conflicting_records": "hr-salary-letter-conflict",
+    "joint_constraints": "courses-stat-section-joint",
 }
 
 
@@ -60,9 +62,9 @@ def test_each_option_of_the_shop_menu_is_derived_whole_and_certifies():
 
 
 @pytest.mark.parametrize("category", sorted(BY_CATEGORY))
-def test_each_derived_category_certifies_on_a_training_pair(category):
+def test_each_derived_category_certifies_on_a_catalog_pair(category):
     entry = CATALOG[BY_CATEGORY[category]]
-    assert entry.pair.split == "train"
+    assert entry.pair.split == ("validation" if category in ("conflicting_records", "joint_constraints") else "train")
     options = [o for o in menu(entry.env, entry.pair) if o.category == category]
     assert options, f"no {category} option for {entry.pair.id}"
     mutation = options[0].mutation
@@ -103,7 +105,7 @@ def test_the_graph_certifies_a_menu_choice_and_a_rejected_choice_is_not_offered_
         if messages[0].content.startswith("You review") and not rejected:
             rejected.append(True)
             return {"accept": False, "reasons": "a deleted item is not a missing price"}
-        return ACCEPT
+        return ACCEPT(messages, schema)
 
     scripted.register("reviewer", [review] * 4)
     scripted.register("agent", [eager_agent] * 3)
@@ -122,3 +124,23 @@ def test_the_graph_certifies_a_menu_choice_and_a_rejected_choice_is_not_offered_
     assert mutation.state[0].op == "set" and mutation.state[0].fields == {"price": None}
     assert mutation.description == "the drill's price record is gone" and mutation.requirement == "the price must be stated"
     assert outcome.elapsed_s > 0 and {u.role for u in outcome.usage} == {"mutation_proposer", "semantic_reviewer", "rescue_reviewer"}
+
+
+def test_a_claimed_rescue_route_is_run_and_rejects_only_when_it_shows_a_witness():
+    from envs.mutation import apply_mutation
+    from roles.rescue_reviewer import check_claim
+    from state.evolution import RescueClaim
+    from tests.test_env_evolution import RESCUABLE
+
+    mutation = Mutation.model_validate(RESCUABLE)  # get_item hides the price; price_history still has it
+    mutated = apply_mutation(SHOP.env, mutation).env
+
+    def claim(tool, arguments, found=True):
+        return check_claim(RescueClaim(reasons="r", route_found=found, tool=tool, arguments=arguments), mutation, mutated)
+
+    real = claim("price_history", {"sku": "DR-220"})
+    assert not real.accept and real.reasons.startswith('alternative route: price_history({"sku": "DR-220"}) still shows')
+    invented = claim("get_item", {"sku": "DR-220"})
+    assert invented.accept and "was run and shows no witness" in invented.reasons
+    assert claim("reserve", {"sku": "DR-220", "qty": 2}).accept  # a write is no route, and is never run
+    assert claim("", {}, found=False).accept
