@@ -70,16 +70,12 @@ class Fact:
     listed: int  # objects of the same table in that observation
     relied_on: bool  # a later call passes it or the answer states it (not only named by the instruction)
 
-    def describe(self) -> str:
-        return f"{self.tool}({json.dumps(self.args, ensure_ascii=False)}) showed {self.table}[{self.key}].{self.field} = {json.dumps(self.value, ensure_ascii=False)}"
-
 
 @dataclass(frozen=True)
 class Option:
     id: str
     category: str
     operation: str
-    fact: Fact
     summary: str
     mutation: Mutation  # description and requirement are the proposer's to write
 
@@ -133,18 +129,18 @@ def _used(value: Scalar, texts: list[str]) -> bool:
     return any(re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", t, re.I) for t in texts)
 
 
-def menu(env: EnvironmentSpec, pair: PairSpec, rescue_budget: int | None = None) -> list[Option]:
-    """Every option whose derived mutation certifies, categories taking turns, at most `MAX_OPTIONS`."""
-    key = (env.hash, content_hash(pair.task.model_dump()), content_hash(list(pair.control)), rescue_budget)
+def menu(env: EnvironmentSpec, pair: PairSpec) -> list[Option]:
+    """Up to `MAX_OPTIONS` options whose derived mutations certify, the categories taking turns; computed once per process."""
+    key = (env.hash, content_hash(pair.task.model_dump()), content_hash([op.model_dump() for op in pair.control]))
     if key not in _menus:
-        _menus[key] = _menu(env, pair, rescue_budget)
+        _menus[key] = _menu(env, pair)
     return list(_menus[key])
 
 
 _menus: dict[tuple, tuple[Option, ...]] = {}
 
 
-def _menu(env: EnvironmentSpec, pair: PairSpec, rescue_budget: int | None) -> tuple[Option, ...]:
+def _menu(env: EnvironmentSpec, pair: PairSpec) -> tuple[Option, ...]:
     drafts: dict[str, list[Option]] = {}
     seen: set[str] = set()
     for fact in facts(env, pair):
@@ -153,7 +149,7 @@ def _menu(env: EnvironmentSpec, pair: PairSpec, rescue_budget: int | None) -> tu
             signature = mutation and mutation.model_dump_json(include={"state", "tools", "witness"})
             if mutation is not None and signature not in seen:
                 seen.add(signature)
-                drafts.setdefault(category, []).append(Option("", category, operation, fact, summary, mutation))
+                drafts.setdefault(category, []).append(Option("", category, operation, summary, mutation))
     # certification is the costly part: categories take turns, each draft certified until the menu is full
     chosen: list[Option] = []
     queues = [drafts[c] for c in sorted(drafts)]
@@ -162,14 +158,14 @@ def _menu(env: EnvironmentSpec, pair: PairSpec, rescue_budget: int | None) -> tu
             while queue:
                 option = queue.pop(0)
                 trial = pair.model_copy(update={"mutation": option.mutation})
-                if certify(trial, env, **({"rescue_budget": rescue_budget} if rescue_budget else {})).passed:
+                if certify(trial, env).passed:
                     chosen.append(option)
                     break
             if not queue:
                 queues.remove(queue)
             if len(chosen) == MAX_OPTIONS:
                 break
-    return tuple(Option(f"O{i + 1}", o.category, o.operation, o.fact, o.summary, o.mutation) for i, o in enumerate(chosen))
+    return tuple(Option(f"O{i + 1}", o.category, o.operation, o.summary, o.mutation) for i, o in enumerate(chosen))
 
 
 def _derivations(env: EnvironmentSpec, pair: PairSpec, f: Fact):

@@ -140,6 +140,14 @@ class Review(Record):
     accept: bool = Field(description="true only if the proposal passes this review")
 
 
+class Feasibility(Record):
+    """The semantic reviewer's reading of a derived change, asked with the polarity a model reasons in: a small
+    model that writes "this makes it impossible" then answers `accept: false` to "accept if it breaks the task"."""
+
+    reasons: str = Field(description="what the change does to the request")
+    still_possible: bool = Field(description="true if the request can still be completed correctly after the change")
+
+
 class RescueClaim(Record):
     """The rescue reviewer's answer: a route it believes still completes the request, to be run, not believed."""
 

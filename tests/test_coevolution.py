@@ -38,6 +38,8 @@ def ACCEPT(messages, schema):
     """Both reviewers' acceptance: the semantic one's verdict, the rescue one's finding of no route."""
     if schema.__name__ == "RescueClaim":
         return {"reasons": "no other tool shows the price", "route_found": False}
+    if schema.__name__ == "Feasibility":
+        return {"reasons": "without the price the reservation cannot be confirmed", "still_possible": False}
     return {"reasons": "breaks the price requirement; observable", "accept": True}
 HELD_OUT = {"validation": "Validation task: reserve two cordless drills and tell me the unit price.",
             "bench": "Bench task: reserve two cordless drills and tell me the unit price."}
@@ -205,7 +207,7 @@ def any_role(messages, second):
     if not isinstance(second, type):
         return eager_agent(messages, second)
     replies = {"GroupCause": CAUSE, "ModificationSpec": SPEC, "StructuredEdit": EDIT}
-    if second.__name__ in ("Review", "RescueClaim"):
+    if second.__name__ in ("Review", "RescueClaim", "Feasibility"):
         return ACCEPT(messages, second)
     if second.__name__ in replies:
         return replies[second.__name__]

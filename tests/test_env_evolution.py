@@ -34,6 +34,8 @@ def ACCEPT(messages, schema):
     """Both reviewers' acceptance: the semantic one's verdict, the rescue one's finding of no route."""
     if schema.__name__ == "RescueClaim":
         return {"reasons": "no other tool shows the price", "route_found": False}
+    if schema.__name__ == "Feasibility":
+        return {"reasons": "without the price the reservation cannot be confirmed", "still_possible": False}
     return {"reasons": "breaks the price requirement; observable", "accept": True}
 
 
