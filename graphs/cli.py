@@ -754,7 +754,7 @@ def evolve_envs(args: argparse.Namespace) -> int:
             table.add_column(col.replace("_", " "), justify="right")
         table.add_row(*(str(v) for v in counts.values()))
         console.print(table)
-        spent = Table(title="proposal costs (minutes: model time by role; wall time for the totals)")
+        spent = Table(title="proposal costs (minutes: model time by role, the longest proposal's wall time for the totals)")
         for col in ("role", "calls", "tokens", "minutes"):
             spent.add_column(col, justify="left" if col == "role" else "right")
         for row in costs:

@@ -254,6 +254,10 @@ async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Contex
     chosen = [(t.parent, t.category, t.idea) for t in plan.targets][:n]
     for i in range(len(chosen), n):  # a short plan is filled round-robin over parents and the diagnosed categories
         chosen.append((parents[i % len(parents)], weak[i % len(weak)], ""))
+    if ctx.proposals == "menu":  # a category the parent's menu lacks becomes the first diagnosed (else listed) one it offers
+        offered = {p: {o.category for o in await asyncio.to_thread(menu, e.env, e.pair)} for p, e in zip(parents, entries)}
+        chosen = [(p, c if c in offered[p] or not offered[p] else next(k for k in [*weak, *CATEGORIES] if k in offered[p]), idea)
+                  for p, c, idea in chosen]
     targets = [ProposalTarget(id=f"{parent}--{_slug(category)}-{state['run_id'][-6:]}-{round_}{i}", parent=parent, category=category, idea=idea)
                for i, (parent, category, idea) in enumerate(chosen)]
     return {"targets": targets, "design_round": round_, "usage": [usage]}

@@ -174,7 +174,9 @@ def funnel(outcomes: list[ProposalOutcome], admitted: int) -> dict[str, int]:
 
 
 def proposal_costs(outcomes: list[ProposalOutcome]) -> list[dict]:
-    """Model calls, tokens and model minutes by role over all proposals, then the total and the total per certified pair."""
+    """Model calls, tokens and model minutes (call latencies, waits for a server slot included) by role over all
+    proposals; then the totals, whose minutes are the wall time of the longest proposal (a design round's proposals
+    run side by side), and the totals per certified pair."""
     certified = sum(o.status == "certified" for o in outcomes)
     rows: dict[str, dict] = {}
     for usage in (u for o in outcomes for u in o.usage):
@@ -183,7 +185,7 @@ def proposal_costs(outcomes: list[ProposalOutcome]) -> list[dict]:
         row["tokens"] += usage.input_tokens + usage.output_tokens
         row["minutes"] += usage.latency_s / 60
     total = {"role": "all roles", "calls": sum(r["calls"] for r in rows.values()), "tokens": sum(r["tokens"] for r in rows.values()),
-             "minutes": sum(o.elapsed_s for o in outcomes) / 60}
+             "minutes": max((o.elapsed_s for o in outcomes), default=0.0) / 60}
     per = {"role": "per certified pair", **({k: total[k] / certified for k in ("calls", "tokens", "minutes")} if certified else
                                              {"calls": None, "tokens": None, "minutes": None})}
     return [*sorted(rows.values(), key=lambda r: r["role"]), total, per]

@@ -97,7 +97,8 @@ def choose(option: str):
 
 
 def test_the_graph_certifies_a_menu_choice_and_a_rejected_choice_is_not_offered_again(context):
-    plan = {"targets": [{"parent": PARENT, "category": "missing_evidence", "idea": "hide the price"}]}
+    # the shop's menu has no ambiguous_entity option: the target becomes the diagnosis's missing_evidence
+    plan = {"targets": [{"parent": PARENT, "category": "ambiguous_entity", "idea": "hide the price"}]}
     scripted.register("proposer", [plan, choose("O2"), choose("O3")])
     rejected = []
 
@@ -113,7 +114,7 @@ def test_the_graph_certifies_a_menu_choice_and_a_rejected_choice_is_not_offered_
     _, final = asyncio.run(api.evolve_envs([PARENT], DIAGNOSIS, context, proposers=1, max_refinements=1, batch_size=1, budget=1))
     scripted.assert_consumed()
     (outcome,) = final["outcomes"].values()
-    assert outcome.status == "certified" and outcome.rounds == 2
+    assert outcome.status == "certified" and outcome.rounds == 2 and outcome.target.category == "missing_evidence"
     choices = [c for c in scripted.calls("proposer") if c.schema.__name__ == "MenuChoice"]
     # the wanted category's options only (broken_tool's O1 is not among them), and O2 is gone after its rejection
     enums = [c.schema.model_json_schema()["properties"]["option"]["enum"] for c in choices]
@@ -144,3 +145,24 @@ def test_a_claimed_rescue_route_is_run_and_rejects_only_when_it_shows_a_witness(
     assert invented.accept and "was run and shows no witness" in invented.reasons
     assert claim("reserve", {"sku": "DR-220", "qty": 2}).accept  # a write is no route, and is never run
     assert claim("", {}, found=False).accept
+
+
+def test_costs_per_certified_pair():
+    from graphs.report import proposal_costs
+    from state.evolution import ProposalOutcome, ProposalTarget
+    from state.records import UsageRecord
+
+    def outcome(status, elapsed, *usage):
+        return ProposalOutcome(target=ProposalTarget(id="t", parent=PARENT, category="missing_evidence"), status=status, pair_id="t",
+                               usage=tuple(UsageRecord(role=r, model="m", input_tokens=i, output_tokens=o, latency_s=s) for r, i, o, s in usage),
+                               elapsed_s=elapsed)
+
+    rows = proposal_costs([outcome("certified", 300.0, ("mutation_proposer", 900, 100, 60.0), ("semantic_reviewer", 500, 100, 120.0)),
+                           outcome("rejected", 600.0, ("mutation_proposer", 800, 200, 90.0))])
+    assert rows == [
+        {"role": "mutation_proposer", "calls": 2, "tokens": 2000, "minutes": 2.5},
+        {"role": "semantic_reviewer", "calls": 1, "tokens": 600, "minutes": 2.0},
+        {"role": "all roles", "calls": 3, "tokens": 2600, "minutes": 10.0},
+        {"role": "per certified pair", "calls": 3.0, "tokens": 2600.0, "minutes": 10.0},
+    ]
+    assert proposal_costs([outcome("rejected", 60.0)])[-1] == {"role": "per certified pair", "calls": None, "tokens": None, "minutes": None}
