@@ -57,3 +57,12 @@ def tied(edit: dict):
         return {**edit, "components": [{**c, "addresses": group} for c in edit["components"]]}
 
     return step
+
+
+def accept_review(messages, schema):
+    """Both reviewers' acceptance: the semantic one's verdict, the rescue one's finding of no route."""
+    if schema.__name__ == "RescueClaim":
+        return {"reasons": "no other tool shows the price", "route_found": False}
+    if schema.__name__ == "Feasibility":
+        return {"reasons": "without the price the reservation cannot be confirmed", "still_possible": False}
+    return {"reasons": "breaks the price requirement; observable", "accept": True}

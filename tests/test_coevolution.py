@@ -23,7 +23,7 @@ from roles import scripted
 from state.context import Context
 from state.ledger import Ledger
 from tests.conftest import FIXTURES
-from tests.scripts import eager_agent, shop_judge
+from tests.scripts import accept_review as ACCEPT, eager_agent, shop_judge
 
 PARENT = "shop-reserve-drill"
 ROOT = Path(__file__).parent.parent
@@ -34,13 +34,6 @@ SPEC = {"failure_patterns": ["acts although a required fact is missing"],
 # an edit that changes nothing the scripted agent reacts to: the candidate never beats its parent, so H0 stays
 # the harness, keeps failing to abstain, and every round's batch is admitted
 EDIT = {"rationale": "ask for care", "system_prompt_addition": "Be careful.", "components": [], "skills": [], "max_turns": None}
-def ACCEPT(messages, schema):
-    """Both reviewers' acceptance: the semantic one's verdict, the rescue one's finding of no route."""
-    if schema.__name__ == "RescueClaim":
-        return {"reasons": "no other tool shows the price", "route_found": False}
-    if schema.__name__ == "Feasibility":
-        return {"reasons": "without the price the reservation cannot be confirmed", "still_possible": False}
-    return {"reasons": "breaks the price requirement; observable", "accept": True}
 HELD_OUT = {"validation": "Validation task: reserve two cordless drills and tell me the unit price.",
             "bench": "Bench task: reserve two cordless drills and tell me the unit price."}
 

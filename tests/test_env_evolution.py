@@ -16,7 +16,7 @@ from state.evolution import Diagnosis, FailureGroup
 from state.ledger import Ledger
 from state.records import Mutation
 from tests.conftest import FIXTURES
-from tests.scripts import eager_agent, shop_agent, shop_judge
+from tests.scripts import accept_review as ACCEPT, eager_agent, shop_agent, shop_judge
 
 PARENT = "shop-reserve-drill"
 DIAGNOSIS = Diagnosis(groups=(FailureGroup(kind="did_not_abstain", category="missing_evidence", pair_ids=("a", "b"), recurring=True,
@@ -30,13 +30,6 @@ def fixture_mutation(pair_id: str) -> dict:
 PRICE_MISSING = fixture_mutation("shop-reserve-drill")   # certifies
 RESCUABLE = fixture_mutation("shop-rescued")             # price_history still shows the price
 INVALID = {**PRICE_MISSING, "state": [{"op": "set", "table": "no_such_table", "key": "x", "fields": {"a": 1}}]}
-def ACCEPT(messages, schema):
-    """Both reviewers' acceptance: the semantic one's verdict, the rescue one's finding of no route."""
-    if schema.__name__ == "RescueClaim":
-        return {"reasons": "no other tool shows the price", "route_found": False}
-    if schema.__name__ == "Feasibility":
-        return {"reasons": "without the price the reservation cannot be confirmed", "still_possible": False}
-    return {"reasons": "breaks the price requirement; observable", "accept": True}
 
 
 @pytest.fixture
@@ -116,20 +109,25 @@ def test_the_refinement_loop_is_bounded(context):
     assert "no_such_table" in outcome.reason and final.get("screenings", []) == []
 
 
-def test_no_validation_or_bench_data_reaches_a_generation_role(tmp_path, monkeypatch):
+@pytest.mark.parametrize("proposals", ["free", "menu"])
+def test_no_validation_or_bench_data_reaches_a_generation_role(tmp_path, monkeypatch, proposals):
     monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
     catalog = load_catalog()
-    train = sorted(p for p, e in catalog.items() if e.pair.split == "train")[:2]
+    # menus are computed by certifying their options: two training pairs whose menus take seconds, not a minute
+    train = (sorted(p for p, e in catalog.items() if e.pair.split == "train")[:2] if proposals == "free"
+             else ["retail-jacket-delivery-date-missing", "weather-sf-forecast-outage"])
 
     def propose(messages, schema):
         if schema.__name__ == "DesignPlan":
             return {"targets": [{"parent": p, "category": catalog[p].pair.mutation.category, "idea": "x"} for p in train]}
+        if schema.__name__ == "MenuChoice":
+            return {"option": schema.model_json_schema()["properties"]["option"]["enum"][0], "description": "d", "requirement": "r"}
         parent = next(p for p in train if catalog[p].pair.task.instruction.strip() in messages[0].content)
         return catalog[parent].pair.mutation.model_dump(mode="json")
 
     scripted.register("proposer", [propose] * 3)
     scripted.register("reviewer", [ACCEPT] * 4)
-    context = Context(proposer_model="scripted:proposer", reviewer_model="scripted:reviewer", proposals="free", ledger=str(tmp_path / "l.db"))
+    context = Context(proposer_model="scripted:proposer", reviewer_model="scripted:reviewer", proposals=proposals, ledger=str(tmp_path / "l.db"))
     _, final = asyncio.run(api.evolve_envs(train, DIAGNOSIS, context, proposers=2, max_refinements=0, batch_size=5, budget=1))
     scripted.assert_consumed()
     assert sorted(o.status for o in final["outcomes"].values()) == ["certified", "certified"]

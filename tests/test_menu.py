@@ -15,8 +15,8 @@ from roles.mutation_proposer import choice_schema
 from state.context import Context
 from state.records import Mutation
 from tests.conftest import FIXTURES
-from tests.scripts import eager_agent, shop_judge
-from tests.test_env_evolution import ACCEPT, DIAGNOSIS, PARENT
+from tests.scripts import accept_review as ACCEPT, eager_agent, shop_judge
+from tests.test_env_evolution import DIAGNOSIS, PARENT
 
 CATALOG = load_catalog()
 SHOP = load_catalog(FIXTURES)[PARENT]
