@@ -255,7 +255,8 @@ async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Contex
     for i in range(len(chosen), n):  # a short plan is filled round-robin over parents and the diagnosed categories
         chosen.append((parents[i % len(parents)], weak[i % len(weak)], ""))
     if ctx.proposals == "menu":  # a category the parent's menu lacks becomes the first diagnosed (else listed) one it offers
-        offered = {p: {o.category for o in await asyncio.to_thread(menu, e.env, e.pair)} for p, e in zip(parents, entries)}
+        by_id = dict(zip(parents, entries))
+        offered = {p: {o.category for o in await asyncio.to_thread(menu, by_id[p].env, by_id[p].pair)} for p in {p for p, _, _ in chosen}}
         chosen = [(p, c if c in offered[p] or not offered[p] else next(k for k in [*weak, *CATEGORIES] if k in offered[p]), idea)
                   for p, c, idea in chosen]
     targets = [ProposalTarget(id=f"{parent}--{_slug(category)}-{state['run_id'][-6:]}-{round_}{i}", parent=parent, category=category, idea=idea)
