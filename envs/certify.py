@@ -117,13 +117,13 @@ def _verifier_rejects(env: EnvironmentSpec, task: TaskSpec) -> CheckResult:
     return _result("verifier_rejects", failures, f"{len(cases)} perturbed outcomes rejected")
 
 
-def _reads_before_write(env: EnvironmentSpec, calls: tuple[ToolCall, ...]) -> tuple[int, Outcome]:
+def reads_before_write(env: EnvironmentSpec, calls: tuple[ToolCall, ...]) -> tuple[int, Outcome]:
     writes = write_tools(env)
     first_write = next((i for i, c in enumerate(calls) if c.tool in writes), len(calls))
     return first_write, replay(env, calls[:first_write], "")
 
 
-def _read_observations(env: EnvironmentSpec, task: TaskSpec) -> list[Observation]:
+def read_observations(env: EnvironmentSpec, task: TaskSpec) -> list[Observation]:
     """The read observations of the whole reference, replayed."""
     return [o for o in replay(env, task.reference.calls, "").calls if o.read_only]
 
@@ -132,10 +132,10 @@ def _blocking_evidence(pair: PairSpec, env: EnvironmentSpec, mutated: Environmen
     evidence = pair.mutation.evidence
     calls = pair.task.reference.calls
     needle = evidence.contains.casefold()
-    shown = [o for o in _read_observations(env, pair.task) if needle in o.text.casefold()]
+    shown = [o for o in read_observations(env, pair.task) if needle in o.text.casefold()]
     if shown:
         return CheckResult(name="blocking_evidence", passed=False, detail=f"the feasible side shows {evidence.contains!r} too, via {shown[0].tool}({shown[0].args})")
-    first_write, outcome = _reads_before_write(mutated, calls)
+    first_write, outcome = reads_before_write(mutated, calls)
     for i, obs in enumerate(outcome.calls):
         if obs.tool == evidence.tool and needle in obs.text.casefold():
             return CheckResult(
@@ -199,9 +199,9 @@ def _candidates(spec: EnvironmentSpec, task: TaskSpec, pattern: dict, keys: list
 
 def _conflict(pair: PairSpec, env: EnvironmentSpec, mutated: EnvironmentSpec) -> CheckResult:
     patterns = pair.mutation.conflict
-    _, outcome = _reads_before_write(mutated, pair.task.reference.calls)
+    _, outcome = reads_before_write(mutated, pair.task.reference.calls)
     bad = [p for p in patterns if _shown(p, outcome.calls)]
-    good = [p for p in patterns if _shown(p, _read_observations(env, pair.task))]
+    good = [p for p in patterns if _shown(p, read_observations(env, pair.task))]
     failures = [f"the infeasible reference path never shows {p}" for p in patterns if p not in bad]
     if len(good) != 1:
         failures.append(f"the feasible reference path shows {len(good)} of the conflicting values ({good}); want exactly one")
@@ -370,7 +370,7 @@ def _interface(task: TaskSpec, env: EnvironmentSpec, mutated: EnvironmentSpec) -
     if a.public_tools != b.public_tools:
         failures.append("public tool interfaces differ between sides")
     a.close(), b.close()
-    feasible, infeasible = (_reads_before_write(side, task.reference.calls)[1].calls for side in (env, mutated))
+    feasible, infeasible = (reads_before_write(side, task.reference.calls)[1].calls for side in (env, mutated))
     changed = [x.tool for x, y in zip(feasible, infeasible) if _seen(x) != _seen(y)]
     if not changed:
         failures.append(f"the mutation changes none of the {len(feasible)} reference reads before the first write")

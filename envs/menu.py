@@ -23,7 +23,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from envs.certify import certify, replay
+from envs.certify import certify, read_observations, reads_before_write
 from envs.match import ANY, equal, objects, scalars
 from envs.mutation import apply_mutation
 from envs.spec import SpecError, tool_infos, write_tools
@@ -86,10 +86,7 @@ class Option:
 def facts(env: EnvironmentSpec, pair: PairSpec) -> list[Fact]:
     """The facts of the reference path, in call order, each (table, key, field) once."""
     task = pair.task
-    calls = task.reference.calls
-    writes = write_tools(env)
-    first_write = next((i for i, c in enumerate(calls) if c.tool in writes), len(calls))
-    outcome = replay(env, calls[:first_write], "")
+    _, outcome = reads_before_write(env, task.reference.calls)
     tables = [(t, {r[t.primary_key]: r for r in env.rows.get(t.name, ())}) for t in env.tables]
     found: dict[tuple, Fact] = {}
     for i, obs in enumerate(outcome.calls):
@@ -143,9 +140,11 @@ _menus: dict[tuple, tuple[Option, ...]] = {}
 def _menu(env: EnvironmentSpec, pair: PairSpec) -> tuple[Option, ...]:
     drafts: dict[str, list[Option]] = {}
     seen: set[str] = set()
+    reads = reads_before_write(env, pair.task.reference.calls)[1].calls
+    feasible = [o.text.casefold() for o in read_observations(env, pair.task)]
     for fact in facts(env, pair):
-        for category, operation, summary, ops, patches, witness, extra in _derivations(env, pair, fact):
-            mutation = _mutation(env, pair, category, summary, ops, patches, witness, extra)
+        for category, operation, summary, ops, patches, witness, extra in _derivations(env, pair, fact, reads):
+            mutation = _mutation(env, pair, category, summary, ops, patches, witness, extra, feasible)
             signature = mutation and mutation.model_dump_json(include={"state", "tools", "witness"})
             if mutation is not None and signature not in seen:
                 seen.add(signature)
@@ -168,7 +167,7 @@ def _menu(env: EnvironmentSpec, pair: PairSpec) -> tuple[Option, ...]:
     return tuple(Option(f"O{i + 1}", o.category, o.operation, o.summary, o.mutation) for i, o in enumerate(chosen))
 
 
-def _derivations(env: EnvironmentSpec, pair: PairSpec, f: Fact):
+def _derivations(env: EnvironmentSpec, pair: PairSpec, f: Fact, reads: tuple[Observation, ...]):
     """(category, operation, summary, state ops, tool patches, witness, extra fields) for each fitting operation."""
     table = env.table(f.table)
     column = table.column(f.field)
@@ -199,12 +198,12 @@ def _derivations(env: EnvironmentSpec, pair: PairSpec, f: Fact):
         yield ("stale_record", "backdate", f"move {f.table}[{f.key}].{f.field} from {f.value} to {past}",
                (StateOp(op="set", table=f.table, key=f.key, fields={f.field: past}),), (), (original,), {})
     if not is_key and _STATUS.search(f.field) and (f.value is True or str(f.value).casefold() in _GRANTED):
-        revoked = _status_value(env, table, f, _REVOKED, "revoked")
+        revoked = _status_value(env, table, f.field, f.value, _REVOKED, "revoked")
         if revoked is not None:
             yield ("authorization_revoked", "revoke", f"set {f.table}[{f.key}].{f.field} from {_show(f.value)} to {_show(revoked)}",
                    (StateOp(op="set", table=f.table, key=f.key, fields={f.field: revoked}),), (), (original,), {})
     if not is_key and isinstance(f.value, (int, float, str)) and not isinstance(f.value, bool) and (not isinstance(f.value, str) or _DATE.match(f.value)):
-        yield from _contradict(env, pair, table, f)
+        yield from _contradict(env, table, f, reads)
 
 
 def _duplicate(env: EnvironmentSpec, pair: PairSpec, table: TableSpec, f: Fact):
@@ -227,36 +226,32 @@ def _take_option(env: EnvironmentSpec, pair: PairSpec, table: TableSpec, f: Fact
     status = next((c for c in table.columns if _STATUS.search(c.name) and str(f.observed.get(c.name)).casefold() in _OPEN), None)
     if not chosen or f.listed < 2 or status is None:
         return
-    sub = Fact(f.call, f.tool, f.args, f.table, f.pk, f.key, status.name, f.observed[status.name], f.observed, f.listed, True)
-    taken = _status_value(env, table, sub, _TAKEN, "unavailable")
+    current = f.observed[status.name]
+    taken = _status_value(env, table, status.name, current, _TAKEN, "unavailable")
     if taken is None:
         return
     yield ("joint_constraints", "take_option", f"set {f.table}[{f.key}].{status.name} to {_show(taken)}: the option the request's constraints "
                                                 f"single out among {f.listed} is gone",
-           (StateOp(op="set", table=f.table, key=f.key, fields={status.name: taken}),), (), ({f.pk: f.key, status.name: sub.value},), {})
+           (StateOp(op="set", table=f.table, key=f.key, fields={status.name: taken}),), (), ({f.pk: f.key, status.name: current},), {})
 
 
-def _contradict(env: EnvironmentSpec, pair: PairSpec, table: TableSpec, f: Fact):
-    """A second record that disagrees on the fact: another observed row with the same field and value, edited."""
-    calls = pair.task.reference.calls
-    writes = write_tools(env)
-    outcome = replay(env, calls[: next((i for i, c in enumerate(calls) if c.tool in writes), len(calls))], "")
+def _contradict(env: EnvironmentSpec, table: TableSpec, f: Fact, reads: tuple[Observation, ...]):
+    """A second record that disagrees on the fact: another table's observed record of the same entity (it carries
+    the entity's key under the same name) with the same field and value, edited."""
     other_value = _different(f.value)
-    for obs in outcome.calls:
+    for obs in reads:
         if not obs.ok:
             continue
         for obj in objects(obs.output):
             for other in env.tables:
                 key = obj.get(other.primary_key)
-                if (other.name, key) == (f.table, f.key) or isinstance(key, (dict, list)) or other.column(f.field) is None:
+                if other.name == f.table or isinstance(key, (dict, list)) or other.column(f.field) is None:
                     continue
-                # a second record of the same entity: it carries the entity's key under the same name
-                if other.name == f.table or not equal(obj.get(f.pk), f.key) or not equal(obj.get(f.field, object()), f.value):
+                if not equal(obj.get(f.pk), f.key) or not equal(obj.get(f.field, object()), f.value):
                     continue
-                ident = {f.pk: f.key}
                 if not any(r[other.primary_key] == key for r in env.rows.get(other.name, ())):
                     continue
-                patterns = ({**ident, f.field: f.value}, {**ident, f.field: other_value})
+                patterns = ({f.pk: f.key, f.field: f.value}, {f.pk: f.key, f.field: other_value})
                 yield ("conflicting_records", "contradict",
                        f"set {other.name}[{key}].{f.field} to {_show(other_value)}, against {f.table}[{f.key}]'s {_show(f.value)}",
                        (StateOp(op="set", table=other.name, key=key, fields={f.field: other_value}),), (),
@@ -270,7 +265,8 @@ def _unresolved(pattern: Row) -> Row:
     return {**pattern, "resolved_by": ANY}
 
 
-def _mutation(env: EnvironmentSpec, pair: PairSpec, category: str, summary: str, ops, patches, witness, extra) -> Mutation | None:
+def _mutation(env: EnvironmentSpec, pair: PairSpec, category: str, summary: str, ops, patches, witness, extra,
+              feasible: list[str]) -> Mutation | None:
     """The mutation of one option, with its scope and evidence computed; None when nothing observable changes."""
     draft = Mutation(category=category, description=summary, requirement="", state=ops, tools=patches, scope=Scope(),
                      evidence=Evidence(tool="", contains=""), witness=witness, **extra)
@@ -280,22 +276,19 @@ def _mutation(env: EnvironmentSpec, pair: PairSpec, category: str, summary: str,
         return None
     rows: dict[str, list] = {}
     for op in ops:
-        rows.setdefault(op.table, []).append(op.row[env.table(op.table).primary_key] if op.op == "insert" else op.key)
-    evidence = _evidence(env, mutated, pair, ops, patches)
+        rows.setdefault(op.table, []).append(_op_key(env, op))
+    evidence = _evidence(env, mutated, pair, ops, patches, feasible)
     if evidence is None:
         return None
     scope = Scope(rows={t: tuple(k) for t, k in rows.items()}, tools=tuple(dict.fromkeys(p.tool for p in patches)))
     return draft.model_copy(update={"scope": scope, "evidence": evidence})
 
 
-def _evidence(env: EnvironmentSpec, mutated: EnvironmentSpec, pair: PairSpec, ops, patches) -> Evidence | None:
-    """A short text a reference read shows on the infeasible side and no feasible reference observation shows."""
-    calls = pair.task.reference.calls
-    writes = write_tools(env)
-    first_write = next((i for i, c in enumerate(calls) if c.tool in writes), len(calls))
-    feasible = [o.text.casefold() for o in replay(env, calls, "").calls if o.read_only]
-    changed = {(op.table, op.row[env.table(op.table).primary_key] if op.op == "insert" else op.key) for op in ops}
-    for obs in replay(mutated, calls[:first_write], "").calls:
+def _evidence(env: EnvironmentSpec, mutated: EnvironmentSpec, pair: PairSpec, ops, patches, feasible: list[str]) -> Evidence | None:
+    """A short text a reference read shows on the infeasible side and no feasible reference observation (`feasible`,
+    case-folded) shows."""
+    changed = {(op.table, _op_key(env, op)) for op in ops}
+    for obs in reads_before_write(mutated, pair.task.reference.calls)[1].calls:
         for text in _fragments(obs, env, changed, ops, patches):
             if text.casefold() in obs.text.casefold() and not any(text.casefold() in f for f in feasible):
                 return Evidence(tool=obs.tool, contains=text)
@@ -323,8 +316,12 @@ def _fragments(obs: Observation, env: EnvironmentSpec, changed: set, ops, patche
 
 
 def _fragment(field: str, value) -> str:
-    text = json.dumps({field: value}, ensure_ascii=False, default=str)[1:-1]
-    return text if len(text) <= 80 else text[:80]
+    return json.dumps({field: value}, ensure_ascii=False, default=str)[1:-1][:80]
+
+
+def _op_key(env: EnvironmentSpec, op: StateOp) -> Scalar:
+    """The primary key of the row an edit touches."""
+    return op.row[env.table(op.table).primary_key] if op.op == "insert" else op.key
 
 
 def _referenced(env: EnvironmentSpec, table: TableSpec, key: Scalar) -> bool:
@@ -337,16 +334,16 @@ def _referenced(env: EnvironmentSpec, table: TableSpec, key: Scalar) -> bool:
     return False
 
 
-def _status_value(env: EnvironmentSpec, table: TableSpec, f: Fact, words: tuple[str, ...], default: str) -> Scalar:
-    """A value of the field that negates the current one: false for a flag; a word the column already uses, else `default`."""
-    if isinstance(f.value, bool) or table.column(f.field).type == "boolean":
-        return False if f.value else None
-    used = {str(r.get(f.field)) for r in env.rows.get(table.name, ())}
+def _status_value(env: EnvironmentSpec, table: TableSpec, field: str, current: Scalar, words: tuple[str, ...], default: str) -> Scalar:
+    """A value of the field that negates `current`: false for a flag; a word the column already uses, else `default`."""
+    if isinstance(current, bool) or table.column(field).type == "boolean":
+        return False if current else None
+    used = {str(r.get(field)) for r in env.rows.get(table.name, ())}
     for word in words:
         for value in used:
-            if value.casefold() == word and value.casefold() != str(f.value).casefold():
+            if value.casefold() == word and value.casefold() != str(current).casefold():
                 return value
-    return default if str(f.value).casefold() not in words else None
+    return default if str(current).casefold() not in words else None
 
 
 def _new_key(env: EnvironmentSpec, table: TableSpec, key: Scalar) -> Scalar:
