@@ -1,7 +1,9 @@
 """Find, load and check the pairs of a catalog directory.
 
 A catalog is a directory of environment folders, each with a `pairs/` folder.
-`catalog_problems` checks what HERA's splits require of the whole set.
+`catalog_problems` checks what HERA's splits require of the whole set. A
+mutation starts from a `Parent`: a pair's feasible side, or a task kept in a
+built or imported environment's `tasks/` folder.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envs.mutation import apply_mutation
-from envs.spec import SpecError, load_environment, load_pair, tool_infos
-from state.records import CATEGORIES, EnvironmentSpec, PairSpec
+from pydantic import ValidationError
+
+from envs.spec import SpecError, load_environment, load_pair, read_yaml, tool_infos, validation_error
+from state.records import CATEGORIES, EnvironmentSpec, Mutation, PairSpec, StateOp, TaskSpec
 
 CATALOG = Path(__file__).parent / "catalog"
 MIN_PER_CATEGORY = 4
@@ -27,6 +31,44 @@ class Entry:
     pair: PairSpec
     env: EnvironmentSpec
     path: Path
+
+
+@dataclass(frozen=True)
+class Parent:
+    """A feasible task a mutation starts from, on its environment, with the rows its twins must keep."""
+
+    id: str
+    env: EnvironmentSpec
+    task: TaskSpec
+    control: tuple[StateOp, ...]
+    env_dir: Path
+
+    def twin(self, pair_id: str, mutation: Mutation) -> PairSpec:
+        """The training pair of this task and a mutation of its environment."""
+        return PairSpec(id=pair_id, split="train", environment=self.env.id, task=self.task, mutation=mutation, control=self.control)
+
+
+def load_parent(parent_id: str, root: Path | str = CATALOG) -> Parent:
+    """A pair of the catalog at `root`, else a task in `tasks/` of `root` (an environment directory) or of one of
+    its environments."""
+    root = Path(root)
+    if any(root.glob(f"*/pairs/{glob.escape(parent_id)}.yaml")):
+        entry = load_entry(parent_id, root)
+        return Parent(parent_id, entry.env, entry.pair.task, entry.pair.control, entry.path.parent.parent)
+    for path in [root / "tasks" / f"{parent_id}.yaml", *root.glob(f"*/tasks/{glob.escape(parent_id)}.yaml")]:
+        if path.is_file():
+            env = load_environment(path.parent.parent)
+            try:
+                task = TaskSpec.model_validate(read_yaml(path))
+            except ValidationError as exc:
+                raise validation_error(path, exc) from None
+            return Parent(parent_id, env, task, (), path.parent.parent)
+    raise KeyError(f"no pair or task {parent_id!r} in {root}")
+
+
+def task_ids(env_dir: Path | str) -> list[str]:
+    """The tasks in an environment directory's `tasks/`, by id."""
+    return sorted(p.stem for p in Path(env_dir, "tasks").glob("*.yaml"))
 
 
 def load_catalog(root: Path | str = CATALOG, errors: list[SpecError] | None = None) -> dict[str, Entry]:

@@ -10,10 +10,12 @@ files and records and runs no generated code.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
 import signal
+import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,7 @@ from envs.match import ANY
 from envs.runtime import EnvInstance, diff_rows, initial_rows
 from envs.spec import SpecError, Tool, load_database, load_environment, load_tools
 from envs.verify import Outcome, verify
-from state.construction import DatabaseDraft, TaskCheck, TaskDraft, ToolDeclaration, ToolsDraft
+from state.construction import DatabaseDraft, InvalidCall, TaskCheck, TaskDraft, ToolDeclaration, ToolsDraft
 from state.records import AnswerCheck, EnvironmentSpec, ReferenceSolution, RowChange, TableSpec, TaskSpec, ToolCall, ToolInfo
 
 DECLARATIONS = "tools.checks.json"
@@ -39,6 +41,7 @@ MIN_CHECKS = 2
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _GIVEAWAYS = ("infeasible", "abstain", "impossible")
+_SECRET = re.compile(r"(^|_)(password|passwd|pwd|secret|token|api_?key|ssn|pin|cvv|card_number|credit_card)(_|$)")
 
 
 def database_problems(draft: DatabaseDraft) -> list[str]:
@@ -62,6 +65,12 @@ def database_problems(draft: DatabaseDraft) -> list[str]:
                 problems.append(f"tables.{table.name}.columns.{name}: a lower_snake_case name")
         for name in sorted({n for n in names if names.count(n) > 1}):
             problems.append(f"tables.{table.name}.columns.{name}: declared twice")
+        for c in table.columns:
+            if _SECRET.search(c.name):
+                problems.append(f"tables.{table.name}.columns.{c.name}: an environment holds no secrets (passwords, tokens, "
+                                "card numbers); drop the column")
+            if c.references == f"{table.name}.{c.name}":
+                problems.append(f"tables.{table.name}.columns.{c.name}: refers to itself; a reference names another column")
     if draft.tables and not any(t.rows for t in draft.tables):
         problems.append("tables: every table is empty; give the main tables their rows")
     return problems
@@ -113,6 +122,62 @@ def describe_database(directory: Path, rows_shown: int = 5) -> str:
     return "\n".join(lines)
 
 
+def _singular(name: str) -> str:
+    for plural, single in (("ies", "y"), ("ches", "ch"), ("shes", "sh"), ("sses", "ss"), ("xes", "x"), ("s", "")):
+        if name.endswith(plural) and len(name) > len(plural) + 1:
+            return name[: -len(plural)] + single
+    return f"{name}_record"
+
+
+def starting_module(directory: Path) -> tuple[str, list[ToolDeclaration]]:
+    """A tools module that runs, for the tool coder to start from: for each table with rows a search by words and a
+    lookup by key, with their declarations (calls on the table's first row, and one that finds nothing)."""
+    _, tables, rows = load_database(directory)
+    code, declared = ["from envs.toolkit import ToolError, find, one, read_tool, write_tool", ""], []
+    for t in tables:
+        if not rows[t.name]:
+            continue
+        pk, first = t.primary_key, rows[t.name][0]
+        key_type = "int" if t.column(pk).type == "integer" else "str"
+        text = next((c.name for c in t.columns if c.type == "text" and c.name != pk and isinstance(first.get(c.name), str)), pk)
+        word = next(iter(re.findall(r"[A-Za-z]{3,}", str(first.get(text)))), str(first[pk]))
+        search, get = f"search_{t.name}", f"get_{_singular(t.name)}"
+        code += [
+            "", "@read_tool", f"def {search}(db, query: str) -> list[dict]:",
+            f'    """The {t.name} whose fields contain every word of `query` (case-insensitive); at most 10.', "",
+            "    Args:", f"        query: Words to look for, such as part of a {text.replace('_', ' ')}.", '    """',
+            "    words = query.casefold().split()",
+            f'    found = [r for r in find(db, "{t.name}") if all(w in " ".join(str(v) for v in r.values()).casefold() for w in words)]',
+            "    if not found:", f'        raise ToolError("not_found", f"No {t.name} match {{query!r}}.")', "    return found[:10]",
+            "", "", "@read_tool", f"def {get}(db, {pk}: {key_type}) -> dict:",
+            f'    """One of the {t.name} by its {pk.replace("_", " ")}.', "", "    Args:", f"        {pk}: The {pk.replace('_', ' ')}.", '    """',
+            f'    return one(db, "{t.name}", {pk}={pk})', ""]
+        row_schema = {"type": "object", "required": [pk]}
+        declared += [
+            ToolDeclaration(name=search, read_only=True, returns={"type": "array", "items": row_schema}, valid=[{"query": word}],
+                            invalid=[InvalidCall(args={"query": "zzqx nothing matches"}, error_code="not_found")]),
+            ToolDeclaration(name=get, read_only=True, returns=row_schema, valid=[{pk: first[pk]}],
+                            invalid=[InvalidCall(args={pk: -1 if key_type == "int" else "NO-SUCH-KEY"}, error_code="not_found")])]
+    return "\n".join(code).rstrip() + "\n", declared
+
+
+def tool_functions(code: str) -> dict[str, str]:
+    """The module's functions decorated as tools, each as its syntax tree's dump (empty when the code does not parse)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return {}
+    return {f.name: ast.dump(f) for f in tree.body if isinstance(f, ast.FunctionDef)
+            and any(isinstance(d, ast.Name) and d.id in ("read_tool", "write_tool") for d in f.decorator_list)}
+
+
+def module_code(reply: str) -> str:
+    """The Python module in a reply: its first fenced block (```python preferred), else the whole reply."""
+    blocks = re.findall(r"```[ \t]*(\w*)[^\n]*\n(.*?)```", reply, re.S)
+    chosen = next((b for lang, b in blocks if lang.lower() in ("python", "py")), blocks[0][1] if blocks else reply)
+    return chosen.strip() + "\n"
+
+
 def write_tools_module(draft: ToolsDraft, directory: Path) -> None:
     """Writes `tools.py` and the tools' declarations next to it."""
     (directory / "tools.py").write_text(draft.code.rstrip() + "\n")
@@ -143,11 +208,12 @@ class CallTimeout(BaseException):
 @dataclass(frozen=True)
 class CallRun:
     """One call on a fresh instance: its observation (None when the call escaped
-    the runtime), the escaping exception, and what it left changed."""
+    the runtime), the escaping exception, what it left changed and the tables it read."""
 
     observation: Any
     escaped: str
     changes: tuple[RowChange, ...]
+    read: frozenset[str] = frozenset()
 
 
 def _timeout(signum, frame):
@@ -158,8 +224,17 @@ def run_call(env: EnvironmentSpec, name: str, args: dict[str, Any]) -> CallRun:
     """Runs one tool call on a fresh instance and compares the state before and after."""
     instance = EnvInstance(env)
     timed = threading.current_thread() is threading.main_thread()
+    read: set[str] = set()
+
+    def watch(action: int, table: str | None, *_: Any) -> int:
+        if action == sqlite3.SQLITE_READ and table:
+            read.add(table)
+        return sqlite3.SQLITE_OK
+
     try:
         before = instance.rows()
+        if getattr(instance, "conn", None) is not None:  # a local instance (in the sandboxed child)
+            instance.conn.set_authorizer(watch)
         if timed:
             previous = signal.signal(signal.SIGALRM, _timeout)
             signal.setitimer(signal.ITIMER_REAL, CALL_TIMEOUT_S)
@@ -171,7 +246,9 @@ def run_call(env: EnvironmentSpec, name: str, args: dict[str, Any]) -> CallRun:
             if timed:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
-        return CallRun(observation, escaped, diff_rows(env, before, instance.rows()).changes)
+            if getattr(instance, "conn", None) is not None:
+                instance.conn.set_authorizer(None)
+        return CallRun(observation, escaped, diff_rows(env, before, instance.rows()).changes, frozenset(read))
     finally:
         instance.close()
 
@@ -197,13 +274,19 @@ def tool_problems(directory: Path | str) -> tuple[list[str], list[ToolInfo]]:
     problems = [f"{n}: defined in tools.py but not declared" for n in sorted(tools.keys() - by_name.keys())]
     problems += [f"{n}: declared, but tools.py has no function {n} decorated with @read_tool or @write_tool"
                  for n in sorted(by_name.keys() - tools.keys())]
+    used: dict[str, set[str]] = {"read": set(), "changed": set()}
     for name, tool in tools.items():
         if name in by_name:
-            problems += _declared_problems(env, tool, by_name[name])
+            problems += _declared_problems(env, tool, by_name[name], used)
+    for table in env.tables:  # only what a declared call was seen to do counts: a table no tool reads is dead weight
+        if env.rows.get(table.name) and table.name not in used["read"]:
+            problems.append(f"table {table.name}: no declared call of any tool reads it; add a tool that looks it up, or drop the table")
+        elif not env.rows.get(table.name) and table.name not in used["read"] | used["changed"]:
+            problems.append(f"table {table.name}: empty, and no declared call of any tool reads or writes it")
     return problems, [t.info for t in tools.values()]
 
 
-def _declared_problems(env: EnvironmentSpec, tool: Tool, decl: ToolDeclaration) -> list[str]:
+def _declared_problems(env: EnvironmentSpec, tool: Tool, decl: ToolDeclaration, used: dict[str, set[str]]) -> list[str]:
     name, out = tool.name, []
     if decl.read_only != tool.read_only:
         out.append(f"{name}: declared {'read-only' if decl.read_only else 'state-changing'} but decorated with "
@@ -237,6 +320,8 @@ def _declared_problems(env: EnvironmentSpec, tool: Tool, decl: ToolDeclaration) 
             at = "/".join(map(str, error.absolute_path)) or "the result"
             out.append(f"{call}: the result does not match `returns` at {at}: {error.message}")
         changed = {c.table for c in run.changes}
+        used["read"] |= run.read
+        used["changed"] |= changed
         if tool.read_only and run.changes:
             out.append(f"{call}: a read-only tool changed the state: {_shown(run.changes)}")
         elif not tool.read_only and changed != set(decl.changes):

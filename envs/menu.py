@@ -13,7 +13,8 @@ state/tool operations are computed from the choice, and the menu keeps only
 options whose mutation passes the programmatic certification, so a proposer
 writes nothing but the choice, a description and the requirement; what no
 program can judge, that the change breaks the task for its stated reason, is
-left to the semantic and rescue reviewers.
+left to the semantic and rescue reviewers. What a menu is computed for is a
+pair or a `Parent`: a feasible task, on its environment, and its control rows.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from envs.catalog import Parent
 from envs.certify import certify, read_observations, reads_before_write
 from envs.match import ANY, equal, objects, scalars
 from envs.mutation import apply_mutation
@@ -83,7 +85,7 @@ class Option:
         return f"{self.id} [{self.category}] {self.summary}"
 
 
-def facts(env: EnvironmentSpec, pair: PairSpec) -> list[Fact]:
+def facts(env: EnvironmentSpec, pair: PairSpec | Parent) -> list[Fact]:
     """The facts of the reference path, in call order, each (table, key, field) once."""
     task = pair.task
     _, outcome = reads_before_write(env, task.reference.calls)
@@ -126,7 +128,7 @@ def _used(value: Scalar, texts: list[str]) -> bool:
     return any(re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", t, re.I) for t in texts)
 
 
-def menu(env: EnvironmentSpec, pair: PairSpec) -> list[Option]:
+def menu(env: EnvironmentSpec, pair: PairSpec | Parent) -> list[Option]:
     """Up to `MAX_OPTIONS` options whose derived mutations certify, the categories taking turns; computed once per process."""
     key = (env.hash, content_hash(pair.task.model_dump()), content_hash([op.model_dump() for op in pair.control]))
     if key not in _menus:
@@ -137,7 +139,7 @@ def menu(env: EnvironmentSpec, pair: PairSpec) -> list[Option]:
 _menus: dict[tuple, tuple[Option, ...]] = {}
 
 
-def _menu(env: EnvironmentSpec, pair: PairSpec) -> tuple[Option, ...]:
+def _menu(env: EnvironmentSpec, pair: PairSpec | Parent) -> tuple[Option, ...]:
     drafts: dict[str, list[Option]] = {}
     seen: set[str] = set()
     reads = reads_before_write(env, pair.task.reference.calls)[1].calls
@@ -156,7 +158,7 @@ def _menu(env: EnvironmentSpec, pair: PairSpec) -> tuple[Option, ...]:
         for queue in list(queues):
             while queue:
                 option = queue.pop(0)
-                trial = pair.model_copy(update={"mutation": option.mutation})
+                trial = PairSpec(id="menu", split="train", environment=env.id, task=pair.task, mutation=option.mutation, control=pair.control)
                 if certify(trial, env).passed:
                     chosen.append(option)
                     break
@@ -167,7 +169,7 @@ def _menu(env: EnvironmentSpec, pair: PairSpec) -> tuple[Option, ...]:
     return tuple(Option(f"O{i + 1}", o.category, o.operation, o.summary, o.mutation) for i, o in enumerate(chosen))
 
 
-def _derivations(env: EnvironmentSpec, pair: PairSpec, f: Fact, reads: tuple[Observation, ...]):
+def _derivations(env: EnvironmentSpec, pair: PairSpec | Parent, f: Fact, reads: tuple[Observation, ...]):
     """(category, operation, summary, state ops, tool patches, witness, extra fields) for each fitting operation."""
     table = env.table(f.table)
     column = table.column(f.field)
@@ -206,7 +208,7 @@ def _derivations(env: EnvironmentSpec, pair: PairSpec, f: Fact, reads: tuple[Obs
         yield from _contradict(env, table, f, reads)
 
 
-def _duplicate(env: EnvironmentSpec, pair: PairSpec, table: TableSpec, f: Fact):
+def _duplicate(env: EnvironmentSpec, pair: PairSpec | Parent, table: TableSpec, f: Fact):
     """A near-duplicate of an entity the instruction names: a second row matching the same identifying details."""
     named = {k: v for k, v in f.observed.items() if k != f.pk and isinstance(v, str) and table.column(k)
              and re.search(rf"(?<!\w){re.escape(v)}(?!\w)", pair.task.instruction, re.I)}
@@ -219,7 +221,7 @@ def _duplicate(env: EnvironmentSpec, pair: PairSpec, table: TableSpec, f: Fact):
            (StateOp(op="insert", table=f.table, row={**row, f.pk: key}),), (), (_unresolved(pattern),), {"candidates": pattern})
 
 
-def _take_option(env: EnvironmentSpec, pair: PairSpec, table: TableSpec, f: Fact):
+def _take_option(env: EnvironmentSpec, pair: PairSpec | Parent, table: TableSpec, f: Fact):
     """The option the reference chose among several, taken: the rest each miss a constraint."""
     writes = write_tools(env)
     chosen = any(c.tool in writes and any(equal(s, f.key) for s in scalars(c.args)) for c in pair.task.reference.calls[f.call + 1:])
@@ -265,7 +267,7 @@ def _unresolved(pattern: Row) -> Row:
     return {**pattern, "resolved_by": ANY}
 
 
-def _mutation(env: EnvironmentSpec, pair: PairSpec, category: str, summary: str, ops, patches, witness, extra,
+def _mutation(env: EnvironmentSpec, pair: PairSpec | Parent, category: str, summary: str, ops, patches, witness, extra,
               feasible: list[str]) -> Mutation | None:
     """The mutation of one option, with its scope and evidence computed; None when nothing observable changes."""
     draft = Mutation(category=category, description=summary, requirement="", state=ops, tools=patches, scope=Scope(),
@@ -284,7 +286,7 @@ def _mutation(env: EnvironmentSpec, pair: PairSpec, category: str, summary: str,
     return draft.model_copy(update={"scope": scope, "evidence": evidence})
 
 
-def _evidence(env: EnvironmentSpec, mutated: EnvironmentSpec, pair: PairSpec, ops, patches, feasible: list[str]) -> Evidence | None:
+def _evidence(env: EnvironmentSpec, mutated: EnvironmentSpec, pair: PairSpec | Parent, ops, patches, feasible: list[str]) -> Evidence | None:
     """A short text a reference read shows on the infeasible side and no feasible reference observation (`feasible`,
     case-folded) shows."""
     changed = {(op.table, _op_key(env, op)) for op in ops}

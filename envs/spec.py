@@ -52,7 +52,7 @@ def read_yaml(path: Path) -> Any:
         raise SpecError(path, "(syntax)", f"valid YAML ({exc})") from None
 
 
-def _validation_error(path: Path, exc: ValidationError) -> SpecError:
+def validation_error(path: Path, exc: ValidationError) -> SpecError:
     err = exc.errors()[0]
     field = ".".join(str(p) for p in err["loc"]) or "(root)"
     return SpecError(path, field, f"{err['msg']} (got {err.get('input')!r:.80})")
@@ -367,7 +367,7 @@ def _load_pair(path: Path, env: EnvironmentSpec) -> PairSpec:
     try:
         pair = PairSpec.model_validate(raw)
     except ValidationError as exc:
-        raise _validation_error(path, exc) from None
+        raise validation_error(path, exc) from None
     check_pair(path, pair, env)
     return pair
 

@@ -278,15 +278,18 @@ async def evolve_envs(
     tau: float = 0.4,
     batches: int = 1,
     budget: int = 2,
+    source: str = "",
     run_id: str | None = None,
     on_event: Callable[[str, dict], None] | None = None,
 ) -> tuple[str, dict]:
-    """Runs (or resumes) environment evolution; the run id and its final state (outcomes, screenings, admitted)."""
+    """Runs (or resumes) environment evolution; the run id and its final state (outcomes, screenings, admitted).
+    `source`: the directory the parents are loaded from (a built environment's tasks), default the catalog."""
     from graphs import env_evolution
 
     run_id = run_id or new_run_id()
     payload = {"run_id": run_id, "parents": parents, "diagnosis": diagnosis, "harness": harness, "proposers": proposers,
-               "max_refinements": max_refinements, "batch_size": batch_size, "tau": tau, "batches": batches, "budget": budget}
+               "max_refinements": max_refinements, "batch_size": batch_size, "tau": tau, "batches": batches, "budget": budget,
+               **({"source": source} if source else {})}
     return run_id, await _run_checkpointed(env_evolution.builder, "env_evolution", run_id, payload, context, 100, on_event)
 
 
@@ -337,13 +340,18 @@ async def build_environment(
     tasks: int = 3,
     max_attempts: int = 3,
     max_turns: int = 12,
+    rows: int = 200,
+    pairs: int = 1,
+    max_refinements: int = 1,
     run_id: str | None = None,
     on_event: Callable[[str, dict], None] | None = None,
 ) -> tuple[str, dict]:
-    """Builds (or resumes building) an environment and its validated tasks from a theme into the
-    directory `out`; the run id and its final state (status, env_id, kept, decisions)."""
+    """Builds (or resumes building) an environment from a theme into the directory `out`: its database grown to
+    `rows` per templated table, validated tools and reviewed tasks, and up to `pairs` certified twins per kept task;
+    the run id and its final state (status, env_id, kept, pairs_written, decisions, usage)."""
     from graphs import construct
 
     run_id = run_id or new_run_id()
-    payload = {"theme": theme, "out": out, "tasks": tasks, "max_attempts": max_attempts, "max_turns": max_turns}
-    return run_id, await _run_checkpointed(construct.builder, "construct", run_id, payload, context, 20 + 4 * max_attempts, on_event)
+    payload = {"theme": theme, "out": out, "tasks": tasks, "max_attempts": max_attempts, "max_turns": max_turns, "rows": rows,
+               "pairs": pairs, "max_refinements": max_refinements}
+    return run_id, await _run_checkpointed(construct.builder, "construct", run_id, payload, context, 30 + 4 * max_attempts, on_event)

@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import json
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.tree import Tree
 
-from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog, load_entry, public_text_findings
+from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog, load_entry, public_text_findings, task_ids
 from envs.certify import certify
 from envs.importer import import_suite
 from envs.mcp_server import serve_stdio, side_environment
@@ -48,6 +49,7 @@ from graphs.report import (
     score_rows,
     tier_rows,
     transfer_report,
+    usage_costs,
     write_report,
 )
 from harness.bundle import bundle_diff, load_bundle
@@ -352,12 +354,18 @@ def envs_build(args: argparse.Namespace) -> int:
     if not args.run_id and out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out}: not empty; give a new or empty directory (or --run-id to resume)")
     context = Context(builder_model=args.builder_model or args.model, task_model=args.task_model or args.model,
-                      solver_model=args.solver_model or args.model, ledger=args.ledger)
-    reachable(*role_specs(args, "builder_model", "task_model", "solver_model"))
+                      solver_model=args.solver_model or args.model, proposer_model=args.proposer_model or args.model,
+                      reviewer_model=args.reviewer_model or args.model, ledger=args.ledger)
+    reachable(*role_specs(args, "builder_model", "task_model", "solver_model", "proposer_model", "reviewer_model"))
+    steps: dict[str, float] = {}
+    last = [time.monotonic()]
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task("environment_builder")
 
         def on_event(node: str, value: dict) -> None:
+            now = time.monotonic()
+            steps[node] = steps.get(node, 0.0) + now - last[0]
+            last[0] = now
             for d in value.get("decisions", []):
                 mark = "[green]accepted[/]" if d.accepted else "[yellow]rejected[/]"
                 say(f"{mark} {d.step} {escape(d.subject)} (attempt {d.attempt}): {escape('; '.join(d.reasons))[:400]}")
@@ -365,15 +373,25 @@ def envs_build(args: argparse.Namespace) -> int:
 
         run_id, final = asyncio.run(api.build_environment(
             args.theme, str(out.resolve()), context, tasks=args.tasks, max_attempts=args.max_attempts,
-            max_turns=args.max_turns, run_id=args.run_id, on_event=on_event))
+            max_turns=args.max_turns, rows=args.rows, pairs=args.pairs, max_refinements=args.max_refinements,
+            run_id=args.run_id, on_event=on_event))
     result = {"run_id": run_id, "out": str(out), "status": final.get("status"), "environment": final.get("env_id"),
-              "kept": final.get("kept", []), "log": str(out / "construction.json")}
+              "kept": final.get("kept", []), "pairs": final.get("pairs_written", []), "log": str(out / "construction.json"),
+              "wall_s_by_step": {k: round(v, 1) for k, v in steps.items()}, "costs": usage_costs(final.get("usage", []))}
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        say(f"{result['status']}: {escape(str(result['environment']))} in {escape(str(out))}, {len(result['kept'])} validated task(s); "
-                      f"every decision in {result['log']}")
-    return 0 if result["status"] == "built" and result["kept"] else 1
+        say(f"{result['status']}: {escape(str(result['environment']))} in {escape(str(out))}, {len(result['kept'])} validated task(s), "
+            f"{len(result['pairs'])} certified pair(s); every decision in {result['log']}")
+        spent = Table(title="wall time by step (s) and model use by role")
+        for col in ("step or role", "seconds", "calls", "tokens"):
+            spent.add_column(col, justify="left" if col == "step or role" else "right")
+        for node, seconds in steps.items():
+            spent.add_row(node, f"{seconds:,.0f}", "", "")
+        for row in result["costs"]:
+            spent.add_row(row["role"], f"{row['minutes'] * 60:,.0f}", f"{row['calls']:,}", f"{row['tokens']:,}")
+        console.print(spent)
+    return 0 if result["status"] == "built" and result["kept"] and (result["pairs"] or not args.pairs) else 1
 
 
 def envs_import(args: argparse.Namespace) -> int:
@@ -406,6 +424,11 @@ def add_envs_build(envs: argparse._SubParsersAction) -> None:
     build.add_argument("--tasks", type=positive_int, default=3, help="tasks to propose")
     build.add_argument("--max-attempts", type=positive_int, default=3, help="drafts of the database, and of the tools, at most")
     build.add_argument("--max-turns", type=positive_int, default=12, help="solver turns per task")
+    build.add_argument("--rows", type=non_negative_int, default=200, help="grow each table the builder wrote rows for to this many (0: as written)")
+    build.add_argument("--pairs", type=non_negative_int, default=1, help="certified twins to seek per kept task (0: stop at tasks)")
+    build.add_argument("--max-refinements", type=non_negative_int, default=1, help="refinement rounds per twin proposal")
+    build.add_argument("--proposer-model", type=model_spec, help="mutation proposer (default: --model)")
+    build.add_argument("--reviewer-model", type=model_spec, help="task, semantic and rescue reviewers (default: --model)")
     build.add_argument("--run-id", help="resume this build")
     build.add_argument("--json", action="store_true")
     build.set_defaults(run=envs_build)
@@ -718,10 +741,20 @@ def load_diagnosis(source: str, context: Context, catalog: str) -> Diagnosis:
 
 
 def evolve_envs(args: argparse.Namespace) -> int:
-    parents = args.parents or split_pairs("train", args.catalog)[: args.pool_size]
-    for pair_id in parents:
-        if _entry(args, pair_id).pair.split != "train":
-            raise UsageError(f"{pair_id} is not a training pair; only training pairs may be parents")
+    source = str(args.from_env or "")
+    if source:  # a built environment's kept tasks are the parents
+        known = task_ids(source)
+        if not known:
+            raise UsageError(f"--from-env {source}: no tasks in {Path(source) / 'tasks'}; build the environment first (hera envs build)")
+        parents = args.parents or known
+        unknown = sorted(set(parents) - set(known))
+        if unknown:
+            raise UsageError(f"--parents: {', '.join(unknown)} not a task of {source} ({', '.join(known)})")
+    else:
+        parents = args.parents or split_pairs("train", args.catalog)[: args.pool_size]
+        for pair_id in parents:
+            if _entry(args, pair_id).pair.split != "train":
+                raise UsageError(f"{pair_id} is not a training pair; only training pairs may be parents")
     context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
                       proposer_model=args.proposer_model or args.model, reviewer_model=args.reviewer_model or args.model,
                       proposals=args.proposals, catalog=args.catalog, ledger=args.ledger, max_turns=args.max_turns)
@@ -741,7 +774,8 @@ def evolve_envs(args: argparse.Namespace) -> int:
 
         run_id, final = asyncio.run(api.evolve_envs(
             parents, diagnosis, context, harness=args.harness, proposers=args.proposers, max_refinements=args.max_refinements,
-            batch_size=args.batch_size, tau=args.tau, batches=args.batches, budget=args.budget, run_id=args.run_id, on_event=on_event))
+            batch_size=args.batch_size, tau=args.tau, batches=args.batches, budget=args.budget, source=source, run_id=args.run_id,
+            on_event=on_event))
     outcomes = list(final.get("outcomes", {}).values())
     counts = funnel(outcomes, len(final.get("admitted", [])))
     costs = proposal_costs(outcomes)
@@ -1227,6 +1261,7 @@ def parser() -> argparse.ArgumentParser:
     ee.add_argument("--proposals", choices=PROPOSALS, default="menu", help=PROPOSALS_HELP)
     ee.add_argument("--harness", default="H0", help="the current harness, which screens each batch")
     ee.add_argument("--parents", nargs="+", type=pair_id, action=Distinct, help="training pairs to mutate (default: the first --pool-size of the train split)")
+    ee.add_argument("--from-env", type=Path, metavar="DIR", help="mutate the tasks kept in a built environment DIR (hera envs build)")
     ee.add_argument("--pool-size", type=positive_int, default=20)
     ee.add_argument("--proposers", type=positive_int, default=5, help="proposals per design round")
     ee.add_argument("--max-refinements", type=non_negative_int, default=2)

@@ -10,10 +10,16 @@ calls behave as declared). Both loops send the problems back and are bounded
 by `max_attempts`. `task_proposer` writes tasks and their verification rules;
 `fan_out_tasks` sends each that passes the pre-checks to `solver`, which
 attempts it through the sandboxed public tools only; `verifier` replays each
-attempt in the sandbox and keeps the task when the verifier accepts the
-replay and rejects every perturbed outcome. `recorder` writes every decision
-to `construction.json` in the output directory. Generated code never runs in
-this process.
+attempt in the sandbox and passes the task on when the verifier accepts the
+replay and rejects every perturbed outcome; `task_reviewer` keeps the tasks
+a reviewer finds realistic and well posed (HERA App. B.2). Then each kept
+task becomes a parent: `pair_planner` computes its mutation menu and picks a
+category the menu offers (different ones across tasks), `fan_out_mutations`
+sends each to environment evolution's `proposal` subgraph (menu choice,
+semantic and rescue review, refinement, certification), and `pair_recorder`
+writes the certified twins to `pairs/`, which makes the directory a catalog
+environment. `recorder` writes every decision to `construction.json` in the
+output directory. Generated code never runs in this process.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import operator
+import zlib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -28,20 +35,27 @@ import yaml
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command, Send
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
-from envs.construct import describe_database, public_context, task_problems, task_spec, write_database, write_tools_module
+from envs.catalog import load_parent
+from envs.construct import (database_problems, describe_database, public_context, starting_module, task_problems, task_spec, tool_functions,
+                            write_database, write_tools_module)
+from envs.grow import grow
+from envs.menu import menu
 from envs.runtime import EnvInstance
 from envs.spec import SpecError, load_database, load_environment
 from envs.untrusted import EnvironmentFault
+from graphs.env_evolution import ProposalInput, proposal_graph
 from harness.tool_sandbox import ToolSandboxError, check_task, check_tools
 from roles.environment_builder import environment_builder as build_database
 from roles.solver import solver as solve
-from roles.task_proposer import task_proposer as propose_tasks
-from roles.tool_coder import tool_coder as code_tools
-from state.construction import Decision, SolverAttempt, TaskDraft
+from roles.task_proposer import describe_tools, task_proposer as propose_tasks
+from roles.task_reviewer import task_reviewer as review_task
+from roles.tool_coder import tool_coder as code_tools, tool_declarations as declare_tools
+from state.construction import Decision, SolverAttempt, TaskDraft, ToolsDraft
 from state.context import Context
-from state.records import Observation, TaskSpec, ToolCall, ToolInfo, UsageRecord, merge
+from state.evolution import ProposalOutcome, ProposalTarget
+from state.records import Mutation, Observation, PairSpec, TaskSpec, ToolCall, ToolInfo, UsageRecord, merge
 
 LOG = "construction.json"
 MIN_REJECTED = 2  # perturbed outcomes a kept task's verifier must reject, as certification asks
@@ -54,12 +68,16 @@ class ConstructInput(TypedDict):
     tasks: int
     max_attempts: int
     max_turns: int
+    rows: NotRequired[int]  # grow each templated table to this many rows (0: the rows as written)
+    pairs: NotRequired[int]  # certified twins to seek per kept task (0: stop at tasks)
+    max_refinements: NotRequired[int]
 
 
 class ConstructOutput(TypedDict, total=False):
     status: Literal["built", "rejected"]
     env_id: str
     kept: list[str]
+    pairs_written: list[str]
     decisions: list[Decision]
     usage: list[UsageRecord]
 
@@ -73,6 +91,9 @@ class ConstructState(ConstructInput, ConstructOutput, total=False):
     tools: list[ToolInfo]
     drafts: list[TaskDraft]
     attempts: Annotated[dict[str, SolverAttempt], merge]
+    verified: list[TaskSpec]
+    targets: list[ProposalTarget]
+    outcomes: Annotated[dict[str, ProposalOutcome], merge]
 
 
 class SolverInput(TypedDict):
@@ -94,10 +115,15 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     ctx, out = runtime.context, Path(state["out"])
     attempt = state.get("attempt", 0) + 1
     draft, usage = await build_database(state["theme"], state.get("feedback", ""), ctx.builder_model, ctx.model_timeout_s)
+    written, grown = sum(len(t.rows) for t in draft.tables), []
+    if state.get("rows") and not database_problems(draft):
+        tables, grown = grow(draft.tables, state["rows"], zlib.crc32(draft.id.encode()))
+        draft = draft.model_copy(update={"tables": tables})
     problems = await asyncio.to_thread(write_database, draft, out, state["theme"])
     rows = sum(len(t.rows) for t in draft.tables)
+    shown = f"{len(draft.tables)} tables, {rows} rows" + (f" ({written} written; {'; '.join(grown)})" if grown else "")
     decision = Decision(step="database", subject=draft.id, attempt=attempt, accepted=not problems,
-                        reasons=tuple(problems) or (f"{len(draft.tables)} tables, {rows} rows; types, keys and references check",))
+                        reasons=tuple(problems) or (f"{shown}; types, keys and references check",))
     update = {"decisions": [decision], "usage": [usage], "env_id": draft.id}
     if not problems:
         return Command(goto="tool_coder", update={**update, "attempt": 0, "feedback": ""})
@@ -106,13 +132,32 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     return Command(goto="recorder", update={**update, "status": "rejected"})
 
 
+def _same_code(a: str, b: str) -> bool:
+    return " ".join(a.split()) == " ".join(b.split())
+
+
 async def tool_coder(state: ConstructState, runtime: Runtime[Context]) -> dict:
-    """Writes the tools module and its declared calls, given the database and the last problems; writes `previous`, `attempt`."""
+    """Writes the tools module from the starting module, the database and the last problems, and the declared calls
+    of the tools it added (the starting module's own come with it); a reply that repeats the module that failed is
+    asked for again without that module and hotter, not retried as it was; writes `previous`, `attempt`."""
     ctx, out = runtime.context, Path(state["out"])
     database = await asyncio.to_thread(describe_database, out)
-    draft, usage = await code_tools(database, state.get("previous", ""), state.get("feedback", ""), ctx.builder_model, ctx.model_timeout_s)
-    await asyncio.to_thread(write_tools_module, draft, out)
-    return {"previous": draft.code, "attempt": state.get("attempt", 0) + 1, "usage": [usage]}
+    starting, declared = await asyncio.to_thread(starting_module, out)
+    previous, feedback = state.get("previous", ""), state.get("feedback", "")
+    code, usage = await code_tools(database, starting, previous, feedback, ctx.builder_model, ctx.model_timeout_s)
+    usages = [usage]
+    if previous and _same_code(code, previous):
+        feedback += "\n- your last reply repeated the module that failed, unchanged; write the module again from the starting one"
+        code, usage = await code_tools(database, starting, "", feedback, ctx.builder_model, ctx.model_timeout_s, temperature=1.0)
+        usages.append(usage)
+    functions, template = tool_functions(code), tool_functions(starting)
+    kept = [d for d in declared if functions.get(d.name) == template.get(d.name)]
+    added = [name for name in functions if name not in {d.name for d in kept}]
+    if added:
+        more, usage = await declare_tools(database, code, added, ctx.builder_model, ctx.model_timeout_s)
+        kept, usages = kept + more, usages + [usage]
+    await asyncio.to_thread(write_tools_module, ToolsDraft(code=code, tools=kept), out)
+    return {"previous": code, "attempt": state.get("attempt", 0) + 1, "usage": usages}
 
 
 async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder", "task_proposer", "recorder"]]:
@@ -196,10 +241,10 @@ async def _verification(out: Path, task: TaskSpec, attempt: SolverAttempt) -> tu
 
 
 async def verifier(state: ConstructState) -> dict:
-    """Replays each solver attempt in the sandbox and keeps the task when its verifier accepts the replay and
-    rejects every perturbed outcome; writes the kept tasks to `tasks/`; writes `kept`, `decisions`."""
+    """Replays each solver attempt in the sandbox and passes a task on when its verifier accepts the replay and
+    rejects every perturbed outcome; writes `verified`, `decisions`."""
     out = Path(state["out"])
-    decisions, kept = [], []
+    decisions, verified = [], []
     for draft in state["drafts"]:
         attempt = state["attempts"][draft.id]
         finished = attempt.termination == "final_answer"
@@ -211,9 +256,34 @@ async def verifier(state: ConstructState) -> dict:
         problems, shown = await _verification(out, task, attempt)
         decisions.append(Decision(step="verification", subject=draft.id, accepted=not problems, reasons=tuple(problems) or (shown,)))
         if not problems:
-            kept.append(draft.id)
+            verified.append(task)
+    return {"verified": verified, "decisions": decisions}
+
+
+def _solution(task: TaskSpec, attempt: SolverAttempt) -> str:
+    """A verified task as its reviewer reads it: the request, the solver's calls with what they returned, the answer, the checks."""
+    calls = [f"{i + 1}. {o.tool}({json.dumps(o.args, ensure_ascii=False)}) returned {o.text[:300]}"
+             for i, o in enumerate(o for o in attempt.observations if o.ok)]
+    checks = [f"the answer states {c.name} = {c.value if c.value is not None else ' or '.join(map(str, c.any_of))}" for c in task.answer]
+    checks += [f"{c.table} {'lacks' if c.absent else 'holds'} a row with " + ", ".join(f"{k}={v}" for k, v in c.match.items()) for c in task.state]
+    return "\n".join([f"Request: {task.instruction}", "Solution:", *calls, f"Answer: {task.reference.answer}", "Checks: " + "; ".join(checks)])
+
+
+async def task_reviewer(state: ConstructState, runtime: Runtime[Context]) -> dict:
+    """Reviews each verified task for what the checks cannot see (a realistic, well-posed request that the solution
+    answers) and keeps the accepted ones in `tasks/`; writes `kept`, `decisions`, `usage`."""
+    ctx, out = runtime.context, Path(state["out"])
+    context = await asyncio.to_thread(public_context, out)
+    decisions, kept, usage = [], [], []
+    for task in state.get("verified", []):
+        review, used = await review_task(context, describe_tools(state["tools"]), _solution(task, state["attempts"][task.id]),
+                                         ctx.reviewer_model, ctx.model_timeout_s)
+        decisions.append(Decision(step="task_review", subject=task.id, accepted=review.accept, reasons=(review.reasons,)))
+        usage.append(used)
+        if review.accept:
+            kept.append(task.id)
             await asyncio.to_thread(_write_task, out, task)
-    return {"kept": kept, "decisions": decisions}
+    return {"kept": kept, "decisions": decisions, "usage": usage}
 
 
 def _write_task(out: Path, task: TaskSpec) -> None:
@@ -222,27 +292,82 @@ def _write_task(out: Path, task: TaskSpec) -> None:
     (out / "tasks" / f"{task.id}.yaml").write_text(text)
 
 
+def _offered(out: Path, task_id: str) -> list[str]:
+    parent = load_parent(task_id, out)
+    return list(dict.fromkeys(o.category for o in menu(parent.env, parent)))
+
+
+async def pair_planner(state: ConstructState) -> dict:
+    """Makes each kept task a parent: computes its mutation menu and picks `pairs` categories it offers, rotating
+    so tasks differ; writes `targets`, `decisions`."""
+    out, wanted = Path(state["out"]), state.get("pairs", 0)
+    targets, decisions = [], []
+    for i, task_id in enumerate(state.get("kept", []) if wanted else []):
+        offered = await asyncio.to_thread(_offered, out, task_id)
+        decisions.append(Decision(step="mutation_menu", subject=task_id, accepted=bool(offered),
+                                  reasons=(f"options in {', '.join(offered)}" if offered else "no derived mutation certifies",)))
+        chosen = [offered[(i + k) % len(offered)] for k in range(min(wanted, len(offered)))] if offered else []
+        targets += [ProposalTarget(id=f"{task_id}--{category.replace('_', '-')}", parent=task_id, category=category, source=str(out))
+                    for category in chosen]
+    return {"targets": targets, "decisions": decisions}
+
+
+def fan_out_mutations(state: ConstructState) -> list[Send] | str:
+    if not state.get("targets"):
+        return "pair_recorder"
+    return [Send("proposal", ProposalInput(target=t, weakness="", max_refinements=state.get("max_refinements", 1))) for t in state["targets"]]
+
+
+async def pair_recorder(state: ConstructState) -> dict:
+    """Writes each certified twin to `pairs/` (a training pair of this environment); writes `pairs_written`, `decisions`."""
+    out, written, decisions = Path(state["out"]), [], []
+    for target in state.get("targets", []):
+        outcome = state.get("outcomes", {}).get(target.id)
+        if outcome is None:
+            continue
+        decisions.append(Decision(step="pair", subject=outcome.pair_id, attempt=max(outcome.rounds, 1), accepted=outcome.status == "certified",
+                                  reasons=(outcome.reason,)))
+        if outcome.status == "certified":
+            parent = await asyncio.to_thread(load_parent, target.parent, out)
+            pair = parent.twin(outcome.pair_id, Mutation.model_validate(outcome.mutation))
+            await asyncio.to_thread(_write_pair, out, pair)
+            written.append(pair.id)
+    return {"pairs_written": written, "decisions": decisions}
+
+
+def _write_pair(out: Path, pair: PairSpec) -> None:
+    (out / "pairs").mkdir(exist_ok=True)
+    text = yaml.safe_dump(pair.model_dump(mode="json", exclude_defaults=True), sort_keys=False, allow_unicode=True)
+    (out / "pairs" / f"{pair.id}.yaml").write_text(text)
+
+
 async def recorder(state: ConstructState) -> dict:
-    """Writes every step's decision and every model call's usage to `construction.json`; writes `status`, `kept`."""
-    status, kept = state.get("status", "rejected"), state.get("kept", [])
-    log = {"theme": state["theme"], "environment": state.get("env_id", ""), "status": status, "kept": kept,
+    """Writes every step's decision and every model call's usage to `construction.json`; writes `status`, `kept`, `pairs_written`."""
+    status, kept, pairs = state.get("status", "rejected"), state.get("kept", []), state.get("pairs_written", [])
+    log = {"theme": state["theme"], "environment": state.get("env_id", ""), "status": status, "kept": kept, "pairs": pairs,
            "decisions": [d.model_dump(mode="json") for d in state.get("decisions", [])],
            "usage": [u.model_dump(mode="json") for u in state.get("usage", [])]}
     out = Path(state["out"])
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     await asyncio.to_thread((out / LOG).write_text, json.dumps(log, indent=1, ensure_ascii=False))
-    return {"status": status, "kept": kept}
+    return {"status": status, "kept": kept, "pairs_written": pairs}
 
 
 def build_construct() -> StateGraph:
     builder = StateGraph(ConstructState, context_schema=Context, input_schema=ConstructInput, output_schema=ConstructOutput)
-    for node in (environment_builder, tool_coder, tool_validator, task_proposer, solver, verifier, recorder):
+    for node in (environment_builder, tool_coder, tool_validator, task_proposer, solver, verifier, task_reviewer, pair_planner,
+                 pair_recorder, recorder):
         builder.add_node(node)
+    builder.add_node("proposal", proposal_graph)
     builder.add_edge(START, "environment_builder")
     builder.add_edge("tool_coder", "tool_validator")
     builder.add_conditional_edges("task_proposer", fan_out_tasks, ["solver", "recorder"])
     builder.add_edge("solver", "verifier")
-    builder.add_edge("verifier", "recorder")
+    builder.add_edge("verifier", "task_reviewer")
+    builder.add_edge("task_reviewer", "pair_planner")
+    builder.add_conditional_edges("pair_planner", fan_out_mutations, ["proposal", "pair_recorder"])
+    builder.add_edge("proposal", "pair_recorder")
+    builder.add_edge("pair_recorder", "recorder")
     builder.add_edge("recorder", END)
     return builder
 

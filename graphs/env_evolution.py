@@ -30,9 +30,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command, Send
 from pydantic import Field, create_model
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
-from envs.catalog import CATALOG, load_entry
+from envs.catalog import CATALOG, Parent, load_parent
 from envs.certify import certify
 from envs.menu import menu
 from envs.mutation import apply_mutation
@@ -76,26 +76,20 @@ class ProposalState(ProposalInput, ProposalOutput, total=False):
     started: float
 
 
-def _entry(pair_id: str, ctx: Context):
-    return load_entry(pair_id, ctx.catalog or str(CATALOG))
-
-
-def _pair(pair_id: str, parent, mutation: Mutation) -> PairSpec:
-    """The new training pair: the parent's task and control rows, a new mutation of its environment."""
-    return PairSpec(id=pair_id, split="train", environment=parent.env.id, task=parent.pair.task, mutation=mutation,
-                    control=parent.pair.control)
+def _parent(target: ProposalTarget, ctx: Context) -> Parent:
+    return load_parent(target.parent, target.source or ctx.catalog or str(CATALOG))
 
 
 async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> Command[Literal["semantic_reviewer", "rescue_reviewer", "review_decider", "__end__"]]:
     """Chooses one change from the parent's menu (with free proposals: writes a whole mutation), again with the
     feedback on a refinement, and checks that it applies; writes `mutation`, `shown`, `invalid`, `tried`."""
     ctx, target = runtime.context, state["target"]
-    entry = await asyncio.to_thread(_entry, target.parent, ctx)
+    entry = await asyncio.to_thread(_parent, target, ctx)
     round_ = state.get("round", 0) + 1
     started = state.get("started") or time.time()
     if ctx.proposals == "menu":
         parent = state.get("parent") or await asyncio.to_thread(describe_task, entry)
-        options = [o for o in await asyncio.to_thread(menu, entry.env, entry.pair) if o.id not in state.get("tried", [])]
+        options = [o for o in await asyncio.to_thread(menu, entry.env, entry) if o.id not in state.get("tried", [])]
         if not options:
             reason = f"no option of {target.parent}'s menu is left" + (f" (last: {state['feedback']})" if state.get("feedback") else "")
             return Command(goto=END, update=_outcome({**state, "round": round_ - 1, "started": started}, "rejected", reason))
@@ -113,7 +107,7 @@ async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> 
         mutation = mutation.model_copy(update={"category": target.category})
         shown, update = mutation.model_dump_json(indent=1), {}
     update |= {"parent": parent, "mutation": mutation, "shown": shown, "usage": [usage], "round": round_, "invalid": "", "started": started}
-    pair = _pair(target.id, entry, mutation)
+    pair = entry.twin(target.id, mutation)
     try:
         await asyncio.to_thread(check_pair, Path("proposal") / target.id, pair, entry.env)
         await asyncio.to_thread(apply_mutation, entry.env, mutation)
@@ -133,9 +127,9 @@ async def semantic_reviewer(state: ProposalState, runtime: Runtime[Context]) -> 
 async def rescue_reviewer(state: ProposalState, runtime: Runtime[Context]) -> dict:
     """Searches for an alternative route, then asks the model for one; writes `verdicts`."""
     ctx, target = runtime.context, state["target"]
-    entry = await asyncio.to_thread(_entry, target.parent, ctx)
+    entry = await asyncio.to_thread(_parent, target, ctx)
     mutated = (await asyncio.to_thread(apply_mutation, entry.env, state["mutation"])).env
-    review, usage = await rescue_review(state["parent"], state["mutation"], state["shown"], mutated, entry.pair.task, ctx.reviewer_model,
+    review, usage = await rescue_review(state["parent"], state["mutation"], state["shown"], mutated, entry.task, ctx.reviewer_model,
                                         ctx.model_timeout_s)
     return {"verdicts": {"rescue": review}, "usage": usage}
 
@@ -171,8 +165,8 @@ async def review_decider(state: ProposalState) -> Command[Literal["mutation_prop
 async def certifier(state: ProposalState, runtime: Runtime[Context]) -> Command[Literal["mutation_proposer", "__end__"]]:
     """Certifies the new pair with every programmatic check; writes `outcomes` (or refines)."""
     ctx, target = runtime.context, state["target"]
-    entry = await asyncio.to_thread(_entry, target.parent, ctx)
-    pair = _pair(target.id, entry, state["mutation"])
+    entry = await asyncio.to_thread(_parent, target, ctx)
+    pair = entry.twin(target.id, state["mutation"])
     cert = await asyncio.to_thread(certify, pair, entry.env)
     ledger = await asyncio.to_thread(Ledger, ctx.ledger)
     await asyncio.to_thread(ledger.record_certification, cert)
@@ -198,6 +192,7 @@ proposal_graph = build_proposal().compile(name="proposal")
 class EnvEvolutionInput(TypedDict):
     run_id: str
     parents: list[str]
+    source: NotRequired[str]  # the directory the parents are loaded from (a built environment); default the run's catalog
     diagnosis: Diagnosis
     harness: str
     proposers: int
@@ -245,8 +240,9 @@ async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Contex
     ctx, parents, n = runtime.context, state["parents"], state["proposers"]
     round_ = state.get("design_round", 0) + 1
     weak = [g.category for g in state["diagnosis"].groups] or list(CATEGORIES)
-    entries = await asyncio.to_thread(lambda: [_entry(p, ctx) for p in parents])
-    summaries = "\n".join(f"- {e.pair.id}: {e.env.description.strip().splitlines()[0]} Task: {e.pair.task.instruction.strip()}" for e in entries)
+    source = state.get("source", "")
+    entries = await asyncio.to_thread(lambda: [load_parent(p, source or ctx.catalog or str(CATALOG)) for p in parents])
+    summaries = "\n".join(f"- {e.id}: {e.env.description.strip().splitlines()[0]} Task: {e.task.instruction.strip()}" for e in entries)
     prompt = render("environment_designer", diagnosis=diagnosis_text(state["diagnosis"]), parents=summaries, count=str(n),
                     categories=", ".join(dict.fromkeys(weak + list(CATEGORIES))))
     plan, usage = await chat_model(ctx.proposer_model, role="environment_designer", timeout_s=ctx.model_timeout_s).structured(
@@ -256,10 +252,11 @@ async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Contex
         chosen.append((parents[i % len(parents)], weak[i % len(weak)], ""))
     if ctx.proposals == "menu":  # a category the parent's menu lacks becomes the first diagnosed (else listed) one it offers
         by_id = dict(zip(parents, entries))
-        offered = {p: {o.category for o in await asyncio.to_thread(menu, by_id[p].env, by_id[p].pair)} for p in {p for p, _, _ in chosen}}
+        offered = {p: {o.category for o in await asyncio.to_thread(menu, by_id[p].env, by_id[p])} for p in {p for p, _, _ in chosen}}
         chosen = [(p, c if c in offered[p] or not offered[p] else next(k for k in [*weak, *CATEGORIES] if k in offered[p]), idea)
                   for p, c, idea in chosen]
-    targets = [ProposalTarget(id=f"{parent}--{_slug(category)}-{state['run_id'][-6:]}-{round_}{i}", parent=parent, category=category, idea=idea)
+    targets = [ProposalTarget(id=f"{parent}--{_slug(category)}-{state['run_id'][-6:]}-{round_}{i}", parent=parent, category=category, idea=idea,
+                              source=source)
                for i, (parent, category, idea) in enumerate(chosen)]
     return {"targets": targets, "design_round": round_, "usage": [usage]}
 
@@ -293,8 +290,8 @@ async def batcher(state: EnvEvolutionState, runtime: Runtime[Context]) -> Comman
         batch = ready[: state["batch_size"]]
         pairs = []
         for o in batch:
-            parent = await asyncio.to_thread(_entry, o.target.parent, ctx)
-            pairs.append((_pair(o.pair_id, parent, Mutation.model_validate(o.mutation)), parent.path.parent.parent))
+            parent = await asyncio.to_thread(_parent, o.target, ctx)
+            pairs.append((parent.twin(o.pair_id, Mutation.model_validate(o.mutation)), parent.env_dir))
         await asyncio.to_thread(write_pool, state["run_id"], pairs)
         ids = [p.id for p, _ in pairs]
         return Command(goto="screener", update={"batch": ids, "batched": batched + ids})

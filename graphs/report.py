@@ -25,7 +25,7 @@ from graphs.metrics import LABELS, MIN_CI_PAIRS, NAMES, Metrics, fraction, over_
 from graphs.selection import min_pairs
 from state.evolution import LineageEntry, ProposalOutcome
 from state.ledger import Ledger
-from state.records import CATEGORIES, EpisodeRecord
+from state.records import CATEGORIES, EpisodeRecord, UsageRecord
 
 MAIN = NAMES  # the grounded headline, then HERA's raw Abstain and Pair beside it
 LINEAGE_SCORES = ("abstain", "pair", "act", "over_abstain", "abstain_raw", "pair_raw")
@@ -178,17 +178,23 @@ def proposal_costs(outcomes: list[ProposalOutcome]) -> list[dict]:
     proposals; then the totals, whose minutes are the wall time of the longest proposal (a design round's proposals
     run side by side), and the totals per certified pair."""
     certified = sum(o.status == "certified" for o in outcomes)
-    rows: dict[str, dict] = {}
-    for usage in (u for o in outcomes for u in o.usage):
-        row = rows.setdefault(usage.role, {"role": usage.role, "calls": 0, "tokens": 0, "minutes": 0.0})
-        row["calls"] += 1
-        row["tokens"] += usage.input_tokens + usage.output_tokens
-        row["minutes"] += usage.latency_s / 60
-    total = {"role": "all roles", "calls": sum(r["calls"] for r in rows.values()), "tokens": sum(r["tokens"] for r in rows.values()),
+    rows = usage_costs([u for o in outcomes for u in o.usage])
+    total = {"role": "all roles", "calls": sum(r["calls"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
              "minutes": max((o.elapsed_s for o in outcomes), default=0.0) / 60}
     per = {"role": "per certified pair", **({k: total[k] / certified for k in ("calls", "tokens", "minutes")} if certified else
                                              {"calls": None, "tokens": None, "minutes": None})}
-    return [*sorted(rows.values(), key=lambda r: r["role"]), total, per]
+    return [*rows, total, per]
+
+
+def usage_costs(usage: list[UsageRecord]) -> list[dict]:
+    """Model calls, tokens and model minutes (call latencies) by role, in role order."""
+    rows: dict[str, dict] = {}
+    for u in usage:
+        row = rows.setdefault(u.role, {"role": u.role, "calls": 0, "tokens": 0, "minutes": 0.0})
+        row["calls"] += 1
+        row["tokens"] += u.input_tokens + u.output_tokens
+        row["minutes"] += u.latency_s / 60
+    return sorted(rows.values(), key=lambda r: r["role"])
 
 
 def as_metrics(recorded: dict | None) -> Metrics | None:

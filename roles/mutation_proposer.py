@@ -15,7 +15,7 @@ from typing import Literal
 from langchain_core.messages import HumanMessage
 from pydantic import Field, create_model
 
-from envs.catalog import Entry
+from envs.catalog import Parent
 from envs.certify import replay
 from envs.menu import Option
 from envs.runtime import EnvInstance
@@ -43,9 +43,9 @@ def _sentence(text: str) -> str:
     return " ".join(text.split()).split(". ")[0].rstrip(".") + "."
 
 
-def describe_parent(entry: Entry) -> str:
+def describe_parent(entry: Parent) -> str:
     """The parent environment and task as a proposer or reviewer reads them."""
-    env, task = entry.env, entry.pair.task
+    env, task = entry.env, entry.task
     outcome = replay(env, task.reference.calls, task.reference.answer)
     seen = json.dumps([o.visible for o in outcome.calls], default=str)
     tables = []
@@ -82,9 +82,9 @@ def choice_schema(options: list[Option]) -> type[Record]:
                         requirement=(str, Field(description="which requirement of the request it breaks, in one sentence")))
 
 
-def describe_task(entry: Entry) -> str:
+def describe_task(entry: Parent) -> str:
     """The parent task and its reference calls, as short as a small model reads well."""
-    task = entry.pair.task
+    task = entry.task
     outcome = replay(entry.env, task.reference.calls, task.reference.answer)
     calls = "\n".join(f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}) -> {o.text[:160]}" for o in outcome.calls)
     tools = "\n".join(f"- {t.name} ({'read' if t.read_only else 'write'}) ({_params(t.input_schema)})" for t in tool_infos(entry.env).values())

@@ -1,17 +1,45 @@
 """The tool coder: a tools module over a database, with the calls each tool
-promises to accept and refuse (HERA App. B.1 "Tool generation"); on a retry it
-gets back its previous module and the problems found by running it."""
+promises to accept and refuse (HERA App. B.1 "Tool generation"). The module
+is asked for as code, in a fenced block starting from a module that runs
+(`envs.construct.starting_module`), not as a string inside JSON; the
+declarations of the tools it added come in a second, grammar-constrained
+call whose tool names are the module's own. On a retry it gets back its
+previous module and the problems found by running it."""
 
 from __future__ import annotations
 
-from langchain_core.messages import HumanMessage
+from typing import Literal
 
+from langchain_core.messages import HumanMessage
+from pydantic import create_model
+
+from envs.construct import module_code
 from prompts import render
 from roles.models import chat_model
-from state.construction import ToolsDraft
-from state.records import UsageRecord
+from state.construction import ToolDeclaration
+from state.records import Record, UsageRecord
+
+CODE_MAX_TOKENS = 3000
 
 
-async def tool_coder(database: str, previous: str, feedback: str, model: str, timeout_s: float = 1800.0) -> tuple[ToolsDraft, UsageRecord]:
-    prompt = render("tool_coder", database=database, previous=previous or "(none yet)", feedback=feedback or "(first attempt)")
-    return await chat_model(model, role="tool_coder", timeout_s=timeout_s).structured([HumanMessage(prompt)], ToolsDraft)
+async def tool_coder(database: str, starting: str, previous: str, feedback: str, model: str, timeout_s: float = 1800.0,
+                     temperature: float | None = None) -> tuple[str, UsageRecord]:
+    """The complete tools module (the code of the reply's fenced block)."""
+    prompt = render("tool_coder", database=database, starting=starting.rstrip(), previous=previous.rstrip() or "(none yet)",
+                    feedback=feedback or "(first attempt)")
+    done = await chat_model(model, role="tool_coder", timeout_s=timeout_s).complete([HumanMessage(prompt)], max_tokens=CODE_MAX_TOKENS,
+                                                                                   temperature=temperature)
+    return module_code(str(done.message.content)), done.usage
+
+
+def declarations_schema(names: list[str]) -> type[Record]:
+    declared = create_model("Declared", __base__=ToolDeclaration, name=(Literal[tuple(names)], ...))  # type: ignore[valid-type]
+    return create_model("ToolDeclarations", __base__=Record, tools=(list[declared], ...))
+
+
+async def tool_declarations(database: str, code: str, names: list[str], model: str,
+                            timeout_s: float = 1800.0) -> tuple[list[ToolDeclaration], UsageRecord]:
+    """How each named tool of the module behaves: its result's schema, calls that succeed and calls it refuses."""
+    prompt = render("tool_declarations", database=database, code=code.rstrip(), names=", ".join(names))
+    reply, usage = await chat_model(model, role="tool_coder", timeout_s=timeout_s).structured([HumanMessage(prompt)], declarations_schema(names))
+    return [ToolDeclaration.model_validate(d.model_dump()) for d in reply.tools], usage

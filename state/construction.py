@@ -88,7 +88,7 @@ class SolverAttempt(Record):
 class Decision(Record):
     """One step's verdict on one subject (the database, the tools, a task)."""
 
-    step: Literal["database", "tools", "task_proposal", "solver", "verification"]
+    step: Literal["database", "tools", "task_proposal", "solver", "verification", "task_review", "mutation_menu", "pair"]
     subject: str
     attempt: int = 1
     accepted: bool

@@ -130,6 +130,7 @@ class ProposalTarget(Record):
     parent: str
     category: str
     idea: str = ""
+    source: str = ""  # the directory the parent is loaded from; empty: the run's catalog
 
 
 class Review(Record):

@@ -12,8 +12,10 @@ import yaml
 from langgraph.checkpoint.memory import InMemorySaver
 from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 
-from envs.construct import (check_task, public_context, run_call, stage_public, task_perturbations, task_problems, task_spec,
-                            write_database, write_tools_module)
+from envs.catalog import load_catalog, load_parent, task_ids
+from envs.certify import certify
+from envs.construct import (check_task, module_code, public_context, run_call, stage_public, starting_module, task_perturbations,
+                            task_problems, task_spec, write_database, write_tools_module)
 from envs.runtime import EnvInstance
 from envs.spec import load_database, load_environment, tool_infos
 from graphs import cli
@@ -78,7 +80,13 @@ def lend_book(db, book_id: str, member: str) -> dict:
     db["books"].update(book_id, {"copies": book["copies"] - 1})
     return {"loan_id": loan_id, "copies_left": book["copies"] - 1}
 '''
-GOOD_CODE = HEADER + LIST_BOOKS + GET_BOOK + LEND_BOOK
+LIST_BRANCHES = '''
+@read_tool
+def list_branches(db) -> list[dict]:
+    """Lists the library's branches."""
+    return find(db, "branches")
+'''
+GOOD_CODE = HEADER + LIST_BOOKS + GET_BOOK + LEND_BOOK + LIST_BRANCHES
 
 BOOK_SCHEMA = {"type": "object", "required": ["book_id", "title", "copies"], "properties": {"copies": {"type": "integer"}}}
 DECLARED = [
@@ -90,10 +98,24 @@ DECLARED = [
      "valid": [{"book_id": "BK-1", "member": "Ada Park"}], "changes": ["loans", "books"],
      "invalid": [{"args": {"book_id": "BK-2", "member": "Ada Park"}, "error_code": "no_copies"},
                  {"args": {"book_id": "BK-9", "member": "Ada Park"}, "error_code": "not_found"}]},
+    {"name": "list_branches", "read_only": True, "returns": {"type": "array"}, "valid": [{}]},
 ]
 GOOD_TOOLS = {"code": GOOD_CODE, "tools": DECLARED}
-RAISING_TOOLS = {"code": GOOD_CODE.replace('return one(db, "books", book_id=book_id)', 'return one(db, "books", book_id=book_id)["copies"] / 0'),
-                 "tools": DECLARED}
+RAISING_CODE = GOOD_CODE.replace('return one(db, "books", book_id=book_id)', 'return one(db, "books", book_id=book_id)["copies"] / 0')
+RAISING_TOOLS = {"code": RAISING_CODE, "tools": DECLARED}
+
+
+def module(code: str) -> str:
+    """The tool coder's reply: the module in a fenced block, with a line of talk around it as a model writes."""
+    return f"Here is the module.\n```python\n{code}```\nEach tool is declared below."
+
+
+def coded(tools: dict) -> list:
+    """The tool coder's two calls: the module as code, then the declarations of the tools it added."""
+    return [module(tools["code"]), {"tools": tools["tools"]}]
+
+
+ACCEPT = {"reasons": "a plausible request; the solution lends the named book and reports the copies left", "accept": True}
 RAISING_PROBLEM = 'get_book({"book_id": "BK-1"}): crashed: get_book failed: ZeroDivisionError: division by zero'
 
 KEPT = {"id": "lend-tide-atlas", "instruction": "Lend a copy of The Tide Atlas to Ada Park and tell me how many copies are left on the shelf.",
@@ -125,7 +147,7 @@ def context(tmp_path, monkeypatch):
     monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
     scripted.clear()
     yield Context(builder_model="scripted:builder", task_model="scripted:proposer", solver_model="scripted:solver",
-                  ledger=str(tmp_path / "ledger.db"))
+                  reviewer_model="scripted:reviewer", proposer_model="scripted:chooser", ledger=str(tmp_path / "ledger.db"))
     scripted.clear()
 
 
@@ -147,9 +169,10 @@ def written(out: Path, tools: dict) -> Path:
 
 def test_environment_built_from_a_theme_loads_and_keeps_only_validated_tasks(context, tmp_path):
     out = tmp_path / "library"
-    scripted.register("builder", [DANGLING, LIBRARY, RAISING_TOOLS, GOOD_TOOLS])
+    scripted.register("builder", [DANGLING, LIBRARY, *coded(RAISING_TOOLS), *coded(GOOD_TOOLS)])
     scripted.register("proposer", [{"tasks": [KEPT, LOOSE, UNKNOWN_TABLE]}])
     scripted.register("solver", [librarian] * 6)
+    scripted.register("reviewer", [ACCEPT])
     final = build(context, out)
     scripted.assert_consumed()
 
@@ -161,6 +184,7 @@ def test_environment_built_from_a_theme_loads_and_keeps_only_validated_tasks(con
         ("task_proposal", "renew-loan", 1, False),
         ("solver", "lend-tide-atlas", 1, True), ("verification", "lend-tide-atlas", 1, True),
         ("solver", "lend-river-songs", 1, True), ("verification", "lend-river-songs", 1, False),
+        ("task_review", "lend-tide-atlas", 1, True),
     ]
     reasons = {(d.step, d.subject, d.attempt): d.reasons for d in final["decisions"]}
     assert reasons["database", "city-library", 1] == ("rows/books.json: [0].branch_id: a value present in branches.branch_id (got 'B9')",)
@@ -174,11 +198,15 @@ def test_environment_built_from_a_theme_loads_and_keeps_only_validated_tasks(con
     # the retries were given the problems of the previous draft
     builder_prompts = [c.messages[0].content for c in scripted.calls("builder")]
     assert "- rows/books.json: [0].branch_id: a value present in branches.branch_id (got 'B9')" in builder_prompts[1]
-    assert f"- {RAISING_PROBLEM}" in builder_prompts[3] and "/ 0" in builder_prompts[3]
+    assert f"- {RAISING_PROBLEM}" in builder_prompts[4] and "/ 0" in builder_prompts[4]
+    assert "def search_books(db, query: str)" in builder_prompts[2]  # the tool coder starts from a module that runs
+    # the declarations are asked of the tools the module added, by their names: a grammar enum
+    names = scripted.calls("builder")[3].schema.model_json_schema()["$defs"]["Declared"]["properties"]["name"]["enum"]
+    assert names == ["list_books", "get_book", "lend_book", "list_branches"]
 
     env = load_environment(out)
     assert (env.id, env.theme, [t.name for t in env.tables]) == ("city-library", THEME, ["branches", "books", "loans"])
-    assert sorted(tool_infos(env)) == ["get_book", "lend_book", "list_books"]
+    assert sorted(tool_infos(env)) == ["get_book", "lend_book", "list_books", "list_branches"]
     assert [r["title"] for r in env.rows["books"]] == ["The Tide Atlas", "Mountain Birds", "River Songs"]
     assert sorted(p.name for p in (out / "tasks").iterdir()) == ["lend-tide-atlas.yaml"]
     task = yaml.safe_load((out / "tasks" / "lend-tide-atlas.yaml").read_text())
@@ -188,21 +216,22 @@ def test_environment_built_from_a_theme_loads_and_keeps_only_validated_tasks(con
     log = json.loads((out / "construction.json").read_text())
     assert log["status"] == "built" and log["kept"] == ["lend-tide-atlas"] and log["environment"] == "city-library"
     assert [(d["step"], d["subject"], d["accepted"]) for d in log["decisions"]] == [(s, n, a) for s, n, _, a in decisions(final)]
-    assert sorted({u["role"] for u in log["usage"]}) == ["environment_builder", "solver", "task_proposer", "tool_coder"]
+    assert sorted({u["role"] for u in log["usage"]}) == ["environment_builder", "solver", "task_proposer", "task_reviewer", "tool_coder"]
 
 
 def test_the_solver_sees_only_the_instruction_the_public_context_and_the_public_tools(context, tmp_path):
     out = tmp_path / "library"
-    scripted.register("builder", [LIBRARY, GOOD_TOOLS])
+    scripted.register("builder", [LIBRARY, *coded(GOOD_TOOLS)])
     scripted.register("proposer", [{"tasks": [KEPT]}])
     scripted.register("solver", [librarian] * 3)
+    scripted.register("reviewer", [ACCEPT])
     assert build(context, out)["kept"] == ["lend-tide-atlas"]
     scripted.assert_consumed()
     calls = scripted.calls("solver")
     assert calls[0].messages == [SystemMessage(render("solver", context="Books and loans of the city library on 2026-03-02.")),
                                  HumanMessage(KEPT["instruction"])]
     public = EnvInstance(load_environment(out)).public_tools
-    assert [t.name for t in public] == ["list_books", "get_book", "lend_book"] and all(c.tools == public for c in calls)
+    assert [t.name for t in public] == ["list_books", "get_book", "lend_book", "list_branches"] and all(c.tools == public for c in calls)
     seen = "\n".join(str(m.content) for c in calls for m in c.messages)
     for private in ("Harbor Branch", "Hillcrest Branch", "allowed_writes", "match"):
         assert private not in seen  # no row the tools did not return, no verification rule
@@ -215,9 +244,16 @@ def test_the_solver_sees_only_the_instruction_the_public_context_and_the_public_
 
 def test_the_coding_loop_is_bounded_and_the_environment_rejected(context, tmp_path):
     out = tmp_path / "library"
-    scripted.register("builder", [LIBRARY, RAISING_TOOLS, RAISING_TOOLS])
+    again = RAISING_CODE.replace("Lists every book", "Lists all the books")
+    # the second draft first repeats the module that failed: it is asked for again, differently, not retried as it was
+    scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), module(RAISING_CODE), module(again), {"tools": DECLARED}])
     final = build(context, out, max_attempts=2)
     scripted.assert_consumed()  # no third draft, and no task proposer was asked
+    calls = scripted.calls("builder")
+    assert [c.temperature for c in calls[1:5:2]] == [None, None] and calls[4].temperature == 1.0
+    assert "def list_books" in calls[3].messages[0].content.split("Your previous module:")[1]
+    reasked = calls[4].messages[0].content.split("Your previous module:")[1]
+    assert "(none yet)" in reasked and "def list_books" not in reasked and "repeated the module that failed" in reasked
     assert final["status"] == "rejected" and final.get("kept", []) == []
     assert decisions(final) == [("database", "city-library", 1, True), ("tools", "city-library", 1, False), ("tools", "city-library", 2, False)]
     assert json.loads((out / "construction.json").read_text())["status"] == "rejected"
@@ -347,6 +383,8 @@ def test_tool_validation_in_the_sandbox_finds_each_defect(tmp_path):
         'wait_for_book({"book_id": "BK-9"}): escaped the runtime with CallTimeout: did not finish within 5s',
         'find_title({"title": "River Songs"}): the result does not match `returns` at the result: [\'BK-3\'] is not of type \'string\'',
         'find_title({"title": "No Such Book"}): declared invalid (not_found) but succeeded',
+        # count_books's only valid call failed, so no call was seen reading branches
+        "table branches: no declared call of any tool reads it; add a tool that looks it up, or drop the table",
     ]
     # lend_book writes before it refuses: the runtime rolls the partial write back, so the check passes it
     assert [t.name for t in tools] == ["list_books", "get_book", "touch_book", "count_books", "lend_book", "return_book",
@@ -368,10 +406,10 @@ def test_a_refused_write_is_rolled_back_by_the_runtime(tmp_path, monkeypatch):
 
 def test_cli_builds_an_environment(context, tmp_path, capsys):
     out = tmp_path / "built"
-    scripted.register("maker", [LIBRARY, GOOD_TOOLS, {"tasks": [KEPT]}])
+    scripted.register("maker", [LIBRARY, *coded(GOOD_TOOLS), {"tasks": [KEPT]}, ACCEPT])
     scripted.register("solver", [librarian] * 3)
     code = cli.main(["--ledger", context.ledger, "envs", "build", "--theme", THEME, "--model", "scripted:maker",
-                     "--solver-model", "scripted:solver", "--out", str(out), "--tasks", "1", "--json"])
+                     "--solver-model", "scripted:solver", "--out", str(out), "--tasks", "1", "--rows", "0", "--pairs", "0", "--json"])
     scripted.assert_consumed()
     result = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -414,3 +452,75 @@ def test_perturbations_swap_a_text_value_for_another_records_and_change_an_unwri
     check = check_task(env, task)
     assert (check.failures, check.accepted_perturbations) == ((), ())
     assert check.rejected_perturbations == tuple(cases)
+
+
+def test_a_built_environments_kept_task_becomes_a_certified_pair(context, tmp_path):
+    """Theme → database → tools → task → solver → verification → task review → menu → choice → reviews → certified twin."""
+    out = tmp_path / "library"
+    # a third branch no book is in: a row the reference never shows, which the control edit changes
+    library = {**LIBRARY, "tables": [{**BRANCHES, "rows": [*BRANCHES["rows"], {"branch_id": "B3", "name": "Riverside Branch"}]}, BOOKS, LOANS]}
+    chosen: dict = {}
+
+    def choose(messages, schema):
+        option = schema.model_json_schema()["properties"]["option"]
+        options = option.get("enum") or [option["const"]]  # one option left is a constant
+        chosen["prompt"] = messages[0].content
+        return {"option": options[0], "description": "The book's record is gone.", "requirement": "the book must be on record to be lent"}
+
+    scripted.register("builder", [library, *coded(GOOD_TOOLS)])
+    scripted.register("proposer", [{"tasks": [KEPT]}])
+    scripted.register("solver", [librarian] * 3)
+    scripted.register("chooser", [choose])
+    scripted.register("reviewer", [ACCEPT, {"reasons": "the book cannot be lent", "still_possible": False},
+                                   {"reasons": "no other tool shows it", "route_found": False}])
+    final = build(context, out, tasks=1, pairs=1)
+    scripted.assert_consumed()
+    assert final["kept"] == ["lend-tide-atlas"] and len(final["pairs_written"]) == 1
+    (pair_id,) = final["pairs_written"]
+    category = pair_id.split("--")[1].replace("-", "_")
+    steps = [(d.step, d.subject, d.accepted) for d in final["decisions"]][-3:]
+    assert steps == [("task_review", "lend-tide-atlas", True), ("mutation_menu", "lend-tide-atlas", True), ("pair", pair_id, True)]
+    assert final["decisions"][-2].reasons[0].startswith(f"options in {category}")  # the first category its menu offers
+    # the twin is a training pair of a catalog environment, and certifies when loaded back
+    (entry,) = load_catalog(tmp_path).values()
+    assert (entry.pair.id, entry.pair.split, entry.pair.mutation.category, entry.pair.task.id) == (pair_id, "train", category, "lend-tide-atlas")
+    assert entry.pair.mutation.requirement == "the book must be on record to be lent"
+    assert certify(entry.pair, entry.env).passed
+    log = json.loads((out / "construction.json").read_text())
+    assert log["pairs"] == [pair_id] and {"mutation_proposer", "semantic_reviewer", "rescue_reviewer"} <= {u["role"] for u in log["usage"]}
+    assert KEPT["instruction"] in chosen["prompt"] and "list_books" in chosen["prompt"]
+    # construction reads no catalog: no held-out pair's id, request or answer reaches any generation prompt
+    prompts = "\n".join(str(m.content) for name in ("builder", "proposer", "chooser", "reviewer") for c in scripted.calls(name) for m in c.messages)
+    for e in load_catalog().values():
+        if e.pair.split != "train":
+            assert e.pair.id not in prompts and e.pair.task.instruction.strip() not in prompts
+
+
+def test_the_starting_module_runs_and_names_the_table_no_tool_touches(tmp_path):
+    out = written(tmp_path / "library", GOOD_TOOLS)
+    code, declared = starting_module(out)
+    write_tools_module(ToolsDraft(code=code, tools=declared), out)
+    problems, tools = asyncio.run(check_tools(out))
+    assert problems == ["table loans: empty, and no declared call of any tool reads or writes it"]  # it has no write tool yet
+    assert [t.name for t in tools] == ["search_branches", "get_branch", "search_books", "get_book"]
+    env = load_environment(out)
+    assert [r["title"] for r in EnvInstance(env).call("search_books", {"query": "tide ATLAS"}).output] == ["The Tide Atlas"]
+    assert module(code).count("```") == 2 and module_code(module(code)) == code
+    assert module_code("no fence, only code\n") == "no fence, only code\n"
+
+
+def test_evolve_envs_takes_a_built_environment_as_parents(context, tmp_path, capsys):
+    out = tmp_path / "library"
+    assert cli.main(["--ledger", context.ledger, "evolve-envs", "--diagnosis", "x.json", "--from-env", str(out)]) == 2
+    assert "no tasks in" in " ".join(capsys.readouterr().err.split())
+    written(out, GOOD_TOOLS)
+    task_spec_ = task_spec(TaskDraft.model_validate(KEPT), (ToolCall(tool="list_books"), ToolCall(tool="lend_book", args={"book_id": "BK-1", "member": "Ada Park"})),
+                           "Lent The Tide Atlas to Ada Park; 1 copy is left.")
+    (out / "tasks").mkdir()
+    (out / "tasks" / "lend-tide-atlas.yaml").write_text(yaml.safe_dump(task_spec_.model_dump(mode="json", exclude_defaults=True)))
+    assert task_ids(out) == ["lend-tide-atlas"]
+    parent = load_parent("lend-tide-atlas", out)
+    assert (parent.id, parent.env.id, parent.task, parent.env_dir) == ("lend-tide-atlas", "city-library", task_spec_, out)
+    assert load_parent("lend-tide-atlas", tmp_path).env_dir == out  # from a directory of environments too
+    args = ["--ledger", context.ledger, "evolve-envs", "--diagnosis", "x.json", "--from-env", str(out), "--parents", "renew-loan"]
+    assert cli.main(args) == 2 and "renew-loan not a task of" in " ".join(capsys.readouterr().err.split())

@@ -1,0 +1,241 @@
+"""Growing a drafted database to a realistic size from its own rows (HERA
+App. B.1 "State construction", for a model that can write a few rows well
+but not hundreds).
+
+Each table the builder gave at least two rows is grown, seeded, to a target
+size by using its rows as templates: a new row copies a random template and
+then takes the next key in the keys' own shape, a reference drawn from the
+referenced table's (grown) keys, every date of the row moved by one shared
+offset (so a loan still falls due after it was made), numbers drawn within
+the range the templates span, and each identifying text (a name, a title, a
+phone number: a column whose written values are all distinct) made anew and
+unique in its column: spelled from the row's new value of another when the
+written rows do so (an email from a name), else by recombining the words the column's rows use at each
+position, person names from a built-in list when the column holds them, and
+fresh digits of the same length (a value that contains another, or is part
+of one, is not new). Categorical values, flags and nulls stay the
+template's, which keeps their mix and their pairing with other columns. A
+table stops growing when its identifying values run out of new combinations.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import re
+
+from state.construction import ColumnDraft, TableDraft
+
+MAX_TRIES = 40  # draws of a unique value before a table stops growing
+SHIFT_DAYS = 365
+_DATE = re.compile(r"^(\d{4}-\d{2}-\d{2})(T[\d:.]+Z?)?$")
+_TOKEN = re.compile(r"[A-Za-z]+|\d+|[^A-Za-z\d]+")
+_CATEGORY = re.compile(r"[a-z][a-z0-9_]*")
+FIRST = ("Ada", "Alan", "Amara", "Ana", "Ben", "Carla", "Chen", "Dara", "David", "Elena", "Emma", "Farah", "Felix", "Grace",
+         "Hana", "Hugo", "Ines", "Ivan", "Jamal", "Jana", "Jonas", "Kai", "Kofi", "Lara", "Leo", "Lina", "Luis", "Maya", "Mei",
+         "Mila", "Nadia", "Noah", "Nora", "Omar", "Oscar", "Priya", "Rafael", "Rosa", "Sami", "Sara", "Tariq", "Tomas", "Uma",
+         "Vera", "Wei", "Yara", "Yusuf", "Zoe", "Alice", "Bob", "John", "Mary", "James", "Linda", "Robert", "Sofia", "Daniel",
+         "Laura", "Michael", "Anna", "Peter", "Julia", "Mark", "Olivia", "Paul", "Emily", "Sam", "Hannah", "Eric", "Chloe")
+LAST = ("Abe", "Alvarez", "Brooks", "Carter", "Chen", "Costa", "Diaz", "Dubois", "Evans", "Fischer", "Garcia", "Gupta",
+        "Haddad", "Hansen", "Ito", "Jensen", "Kaur", "Kim", "Kowalski", "Lee", "Lopez", "Martin", "Meyer", "Mensah", "Moreau",
+        "Nakamura", "Novak", "Okafor", "Olsen", "Park", "Patel", "Perez", "Quinn", "Rossi", "Santos", "Schmidt", "Silva",
+        "Singh", "Smith", "Suzuki", "Tanaka", "Torres", "Nguyen", "Walker", "Weber", "Wright", "Yilmaz", "Young", "Zhang",
+        "Johnson", "Brown", "Miller", "Davis", "Wilson", "Taylor", "Thomas", "Moore", "Clark", "Lewis", "Hall", "Allen")
+
+
+def grow(tables: list[TableDraft], target: int, seed: int) -> tuple[list[TableDraft], list[str]]:
+    """The tables with every templated table grown to `target` rows (the written rows first, kept as they are),
+    and one note per grown table saying how far it grew and, when it stopped short, why."""
+    rng = random.Random(seed)
+    keys = {t.name: [r.get(t.primary_key) for r in t.rows] for t in tables}
+    grown, notes = {}, []
+    for table in _referenced_first(tables):
+        rows = list(table.rows)
+        if len(rows) >= 2 and len(rows) < target:
+            rows, stop = _grow_table(table, rows, target, keys, rng)
+            keys[table.name] = [r.get(table.primary_key) for r in rows]
+            notes.append(f"{table.name}: {len(table.rows)} written, grown to {len(rows)}" + (f" ({stop})" if stop else ""))
+        grown[table.name] = table.model_copy(update={"rows": rows})
+    return [grown[t.name] for t in tables], notes
+
+
+def _referenced_first(tables: list[TableDraft]) -> list[TableDraft]:
+    by_name, done, order = {t.name: t for t in tables}, set(), []
+
+    def visit(table: TableDraft, path: frozenset) -> None:
+        if table.name in done or table.name in path:
+            return
+        for c in table.columns:
+            parent = (c.references or "").split(".")[0]
+            if parent in by_name and parent != table.name:
+                visit(by_name[parent], path | {table.name})
+        done.add(table.name)
+        order.append(table)
+
+    for t in tables:
+        visit(t, frozenset())
+    return order
+
+
+def _grow_table(table: TableDraft, rows: list[dict], target: int, keys: dict[str, list], rng: random.Random) -> tuple[list[dict], str]:
+    templates = list(rows)
+    identifying = {c.name for c in table.columns if c.name != table.primary_key and not c.references and _identifying(c, templates)}
+    seen = {name: {str(r.get(name)).casefold() for r in rows} for name in identifying}
+    pools = {name: _pools(c, templates) for c in table.columns if (name := c.name) in identifying}
+    spelled = _spelled_from(identifying, templates)
+    key_col = next((c for c in table.columns if c.name == table.primary_key), None)
+    next_key = _key_maker(key_col, [r.get(table.primary_key) for r in rows])
+    usable = list(templates)  # a template whose identifying values admit nothing new is set aside
+    while len(rows) < target:
+        if not usable:
+            return rows, f"no new {' or '.join(sorted(identifying))} left to make from the rows written"
+        template = rng.choice(usable)
+        row, shift = dict(template), rng.randint(-SHIFT_DAYS, 0)
+        for c in sorted(table.columns, key=lambda c: c.name in spelled):  # a value spelled from another comes after it
+            value = template.get(c.name)
+            if c.name == table.primary_key or value is None:
+                continue
+            parent, _, column = (c.references or "").partition(".")
+            if parent:
+                choices = [k for k in keys.get(parent, ()) if k is not None] if parent != table.name else [r[table.primary_key] for r in rows]
+                row[c.name] = rng.choice(choices) if choices else value
+            elif c.name in spelled and row.get(spelled[c.name]) is not None:
+                respelled = _respell(value, str(template[spelled[c.name]]), str(row[spelled[c.name]]))
+                row[c.name] = respelled if respelled.casefold() not in seen[c.name] else _unique(value, pools[c.name], seen[c.name], rng)
+            elif c.name in identifying:
+                row[c.name] = _unique(value, pools[c.name], seen[c.name], rng)
+            elif isinstance(value, str) and _DATE.match(value):
+                row[c.name] = _shift(value, shift)
+            elif c.type in ("integer", "real") and not isinstance(value, bool):
+                row[c.name] = _number(c, [r.get(c.name) for r in templates], rng, value)
+        if any(row.get(name) is None and template.get(name) is not None for name in identifying):
+            usable.remove(template)
+            continue
+        for name in identifying:
+            if row.get(name) is not None:
+                seen[name].add(str(row[name]).casefold())
+        row[table.primary_key] = next_key()
+        rows.append(row)
+    return rows, ""
+
+
+def _identifying(column: ColumnDraft, rows: list[dict]) -> bool:
+    """A text column whose written values are all distinct and are not words of a closed vocabulary (a status)."""
+    values = [r.get(column.name) for r in rows if isinstance(r.get(column.name), str)]
+    if column.type != "text" or len(values) < 2 or len(set(values)) < len(values) or all(_DATE.match(v) for v in values):
+        return False
+    return not all(_CATEGORY.fullmatch(v) for v in values)
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z]+", text.casefold())
+
+
+def _spelled_from(identifying: set[str], rows: list[dict]) -> dict[str, str]:
+    """Identifying columns that spell another's words in every written row (an email from a name), and that other."""
+    found = {}
+    for column in sorted(identifying):
+        for source in sorted(identifying - {column}):
+            if source not in found and all(isinstance(r.get(column), str) and isinstance(r.get(source), str) and _words(r[source])
+                                           and set(_words(r[source])) <= set(_words(r[column])) for r in rows):
+                found[column] = source
+                break
+    return found
+
+
+def _respell(value: str, old: str, new: str) -> str:
+    """`value` with the words of `old` replaced by those of `new`, in order ("ada.park@x.org", "Ada Park" → "Bo Lee": "bo.lee@x.org")."""
+    old_words, new_words = _words(old), _words(new)
+    if len(old_words) != len(new_words):
+        return value
+    swap = dict(zip(old_words, new_words))
+    return re.sub(r"[A-Za-z]+", lambda m: swap.get(m.group(0).casefold(), m.group(0)), value)
+
+
+def _pools(column: ColumnDraft, rows: list[dict]) -> dict[tuple, list[list[str]]]:
+    """The words each position of the column's values takes, by the values' shape (the sequence of token kinds)."""
+    values = [r[column.name] for r in rows if isinstance(r.get(column.name), str)]
+    person = sum(v.split()[0] in FIRST for v in values if v.split()) * 2 >= len(values)
+    pools: dict[tuple, list[list[str]]] = {}
+    split = [_TOKEN.findall(v) for v in values]
+    for tokens in split:
+        slots = pools.setdefault(tuple(_kind(t) for t in tokens), [[] for _ in tokens])
+        for i, t in enumerate(tokens):
+            # a word slot also takes the words other values have at that position ("The Tide Atlas", "River Songs")
+            for word in [t] + [other[i] for other in split if t[0].isalpha() and i < len(other) and other[i][0].isalpha()]:
+                if word not in slots[i]:
+                    slots[i].append(word)
+    if person:
+        for shape, slots in pools.items():
+            words = [i for i, k in enumerate(shape) if k == "word"]
+            if len(words) >= 2:
+                slots[words[0]] = sorted(set(slots[words[0]]) | set(FIRST))
+                slots[words[-1]] = sorted(set(slots[words[-1]]) | set(LAST))
+    return pools
+
+
+def _kind(token: str) -> str:
+    return "word" if token[0].isalpha() else "digits" if token[0].isdigit() else token
+
+
+def _unique(value: str, pools: dict[tuple, list[list[str]]], seen: set[str], rng: random.Random) -> str | None:
+    tokens = _TOKEN.findall(value)
+    slots = pools.get(tuple(_kind(t) for t in tokens))
+    for _ in range(MAX_TRIES):
+        made = []
+        for i, t in enumerate(tokens):
+            if t[0].isdigit():
+                made.append(str(rng.randint(1 if len(t) > 1 and t[0] != "0" else 0, 9)) + "".join(str(rng.randint(0, 9)) for _ in t[1:]))
+            elif t[0].isalpha() and slots:
+                made.append(rng.choice(slots[i]))
+            else:
+                made.append(t)
+        fresh, folded = "".join(made), "".join(made).casefold()
+        # nor a part of another value, or the other way round: "The Tide" beside "The Tide Atlas" reads as the same thing
+        if not any(folded in v or v in folded for v in seen):
+            return fresh
+    return None
+
+
+def _key_maker(column: ColumnDraft | None, existing: list):
+    """The next keys in the shape of the written ones: integers count on; a text key's last number counts on with its
+    zero padding ("BK-0007" → "BK-0008"); a key without a number gets one appended."""
+    used = {str(k) for k in existing}
+    if column is not None and column.type == "integer":
+        counter = iter(range(max([k for k in existing if isinstance(k, int)] or [0]) + 1, 10**12))
+        return lambda: next(counter)
+    sample = next((str(k) for k in existing if k is not None), "row")
+    match = re.search(r"(\d+)(?!.*\d)", sample)
+    head, tail, width = (sample[:match.start()], sample[match.end():], len(match.group(1))) if match else (f"{sample}-", "", 3)
+    numbers = [int(m.group(1)) for k in used if (m := re.search(r"(\d+)(?!.*\d)", k))]
+    state = {"n": max(numbers or [0])}
+
+    def make() -> str:
+        while True:
+            state["n"] += 1
+            key = f"{head}{state['n']:0{width}d}{tail}"
+            if key not in used:
+                used.add(key)
+                return key
+
+    return make
+
+
+def _shift(value: str, days: int) -> str:
+    match = _DATE.match(value)
+    try:
+        day = dt.date.fromisoformat(match.group(1)) + dt.timedelta(days=days)
+    except ValueError:
+        return value
+    return day.isoformat() + (match.group(2) or "")
+
+
+def _number(column: ColumnDraft, values: list, rng: random.Random, value):
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not numbers:
+        return value
+    low, high = min(numbers), max(numbers)
+    if column.type == "integer":
+        return rng.randint(int(low), int(high))
+    places = max(len(repr(float(v)).split(".")[1]) for v in numbers)
+    return round(rng.uniform(low, high), places)

@@ -1,0 +1,83 @@
+"""Growing a drafted database from its own rows: sizes, key shapes, references,
+dates moved together, identifying values new and unique, categorical values
+kept, seeded, and a table that stops when its values run out."""
+
+import datetime as dt
+
+from envs.construct import database_problems, write_database
+from envs.grow import grow
+from envs.spec import load_database
+from state.construction import DatabaseDraft
+
+MEMBERS = {"name": "members", "primary_key": "member_id",
+           "columns": [{"name": "member_id", "type": "text"}, {"name": "full_name", "type": "text"},
+                       {"name": "email", "type": "text"}, {"name": "status", "type": "text"}, {"name": "joined", "type": "text"}],
+           "rows": [{"member_id": "M-0001", "full_name": "Ada Park", "email": "ada.park@citylib.org", "status": "active", "joined": "2024-02-11"},
+                    {"member_id": "M-0002", "full_name": "Omar Haddad", "email": "omar.haddad@citylib.org", "status": "suspended",
+                     "joined": "2023-09-30"},
+                    {"member_id": "M-0003", "full_name": "Lina Costa", "email": "lina.costa@citylib.org", "status": "active", "joined": "2025-01-05"}]}
+TITLES = {"name": "titles", "primary_key": "title_id",
+          "columns": [{"name": "title_id", "type": "integer"}, {"name": "title", "type": "text"}, {"name": "pages", "type": "integer"},
+                      {"name": "price", "type": "real"}],
+          "rows": [{"title_id": 1, "title": "The Tide Atlas", "pages": 320, "price": 18.5},
+                   {"title_id": 2, "title": "Mountain Birds", "pages": 180, "price": 24.0}]}
+LOANS = {"name": "loans", "primary_key": "loan_id",
+         "columns": [{"name": "loan_id", "type": "text"}, {"name": "member_id", "type": "text", "references": "members.member_id"},
+                     {"name": "title_id", "type": "integer", "references": "titles.title_id"}, {"name": "lent", "type": "text"},
+                     {"name": "due", "type": "text"}, {"name": "returned", "type": "boolean"}, {"name": "note", "type": "text", "nullable": True}],
+         "rows": [{"loan_id": "LN-88", "member_id": "M-0001", "title_id": 1, "lent": "2025-03-01", "due": "2025-03-15", "returned": False,
+                   "note": None},
+                  {"loan_id": "LN-89", "member_id": "M-0003", "title_id": 2, "lent": "2025-02-10", "due": "2025-03-10", "returned": True,
+                   "note": "renewed once"}]}
+DRAFT = {"id": "city-library", "description": "Members, titles and loans on 2025-03-20.", "tables": [LOANS, MEMBERS, TITLES]}
+
+
+def grown(target=200, seed=7):
+    draft = DatabaseDraft.model_validate(DRAFT)
+    tables, notes = grow(draft.tables, target, seed)
+    return draft, {t.name: t.rows for t in tables}, notes
+
+
+def test_tables_grow_from_their_rows_with_keys_references_and_dates_that_hold():
+    draft, rows, notes = grown()
+    assert {n: len(r) for n, r in rows.items()} == {"loans": 200, "members": 200, "titles": 4}
+    assert notes == ["members: 3 written, grown to 200", "titles: 2 written, grown to 4 (no new title left to make from the rows written)",
+                     "loans: 2 written, grown to 200"]
+    assert [t.name for t in draft.tables] == ["loans", "members", "titles"]  # the draft's order, references grown first
+    for table in draft.tables:
+        assert rows[table.name][: len(table.rows)] == table.rows  # the written rows come first, as written
+    assert [r["member_id"] for r in rows["members"]] == [f"M-{i:04d}" for i in range(1, 201)]
+    assert [r["loan_id"] for r in rows["loans"]][:4] == ["LN-88", "LN-89", "LN-90", "LN-91"]
+    assert [r["title_id"] for r in rows["titles"]] == [1, 2, 3, 4]
+    members, titles = {r["member_id"] for r in rows["members"]}, {r["title_id"] for r in rows["titles"]}
+    assert {r["member_id"] for r in rows["loans"]} <= members and {r["title_id"] for r in rows["loans"]} <= titles
+    assert len({r["member_id"] for r in rows["loans"]}) > 50  # drawn from the grown members, not the three written
+    day = dt.date.fromisoformat
+    assert {(day(r["due"]) - day(r["lent"])).days for r in rows["loans"]} == {14, 28}  # one shift per row: each loan keeps its term
+    assert {(r["returned"], r["note"]) for r in rows["loans"]} == {(False, None), (True, "renewed once")}  # flags and nulls ride along
+    assert {r["status"] for r in rows["members"]} == {"active", "suspended"}
+    for column in ("full_name", "email"):
+        values = [r[column].casefold() for r in rows["members"]]
+        assert len(set(values)) == 200 and not any(a != b and a in b for a in values for b in values)
+    assert all(r["email"].endswith("@citylib.org") and r["full_name"].count(" ") == 1 for r in rows["members"])
+    assert len({r["full_name"].split()[0] for r in rows["members"]}) > 20  # person names from the built-in list, not only three
+    assert all(180 <= r["pages"] <= 320 and 18.5 <= r["price"] <= 24.0 for r in rows["titles"])
+
+
+def test_growth_is_seeded_and_the_result_loads(tmp_path):
+    draft, rows, _ = grown()
+    assert grown()[1] == rows and grown(seed=8)[1] != rows
+    tables = [t.model_copy(update={"rows": rows[t.name]}) for t in draft.tables]
+    assert write_database(draft.model_copy(update={"tables": tables}), tmp_path / "lib", "a city library") == []
+    assert sum(len(r) for r in load_database(tmp_path / "lib")[2].values()) == 404
+    assert grown(target=2)[2] == []  # nothing below the target: no table grows
+
+
+def test_a_database_with_secrets_or_a_self_reference_is_refused():
+    members = {**MEMBERS, "columns": [*MEMBERS["columns"], {"name": "password_hash", "type": "text"},
+                                      {"name": "sponsor", "type": "text", "references": "members.sponsor"}]}
+    draft = DatabaseDraft.model_validate({**DRAFT, "tables": [members]})
+    assert database_problems(draft) == [
+        "tables.members.columns.password_hash: an environment holds no secrets (passwords, tokens, card numbers); drop the column",
+        "tables.members.columns.sponsor: refers to itself; a reference names another column",
+    ]
