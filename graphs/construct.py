@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import operator
+import re
 import zlib
 from pathlib import Path
 from typing import Annotated, Literal
@@ -115,9 +116,10 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     ctx, out = runtime.context, Path(state["out"])
     attempt = state.get("attempt", 0) + 1
     draft, usage = await build_database(state["theme"], state.get("feedback", ""), ctx.builder_model, ctx.model_timeout_s)
+    draft = draft.model_copy(update={"id": re.sub(r"[^a-z0-9]+", "-", draft.id.casefold()).strip("-")})  # "Library_Env": library-env
     written, grown = sum(len(t.rows) for t in draft.tables), []
     if state.get("rows") and not database_problems(draft):
-        tables, grown = grow(draft.tables, state["rows"], zlib.crc32(draft.id.encode()))
+        tables, grown = await asyncio.to_thread(grow, draft.tables, state["rows"], zlib.crc32(draft.id.encode()))
         draft = draft.model_copy(update={"tables": tables})
     problems = await asyncio.to_thread(write_database, draft, out, state["theme"])
     rows = sum(len(t.rows) for t in draft.tables)

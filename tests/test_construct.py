@@ -261,11 +261,12 @@ def test_the_coding_loop_is_bounded_and_the_environment_rejected(context, tmp_pa
 
 
 def test_the_database_loop_is_bounded(context, tmp_path):
-    scripted.register("builder", [DANGLING, {**LIBRARY, "id": "City Library"}])
+    # an id written as a name is made kebab-case, not refused
+    scripted.register("builder", [{**DANGLING, "id": "City Library"}, {**LIBRARY, "id": "Library_Env", "tables": []}])
     final = build(context, tmp_path / "library", max_attempts=2)
     scripted.assert_consumed()
-    assert decisions(final) == [("database", "city-library", 1, False), ("database", "City Library", 2, False)]
-    assert final["decisions"][1].reasons == ("id: a kebab-case id like 'city-library' (got 'City Library')",)
+    assert decisions(final) == [("database", "city-library", 1, False), ("database", "library-env", 2, False)]
+    assert final["decisions"][1].reasons == ("tables: at least one table",)
     assert final["status"] == "rejected"
 
 
