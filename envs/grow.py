@@ -26,11 +26,14 @@ import re
 
 from state.construction import ColumnDraft, TableDraft
 
-MAX_TRIES = 40  # draws of a unique value before a table stops growing
+MAX_TRIES = 40  # draws of a row from a template before the template is set aside
 SHIFT_DAYS = 365
 _DATE = re.compile(r"^(\d{4}-\d{2}-\d{2})(T[\d:.]+Z?)?$")
 _TOKEN = re.compile(r"[A-Za-z]+|\d+|[^A-Za-z\d]+")
 _CATEGORY = re.compile(r"[a-z][a-z0-9_]*")
+_PERSON = re.compile(r"(first|last|full|given|family|middle)_?name|surname|author|member|patron|customer|client|owner|guest|contact|"
+                     r"person|instructor|teacher|student|doctor|patient|driver|employee|staff|passenger|tenant|borrower|rider|user", re.I)
+_LAST = re.compile(r"last|family|surname", re.I)
 FIRST = ("Ada", "Alan", "Amara", "Ana", "Ben", "Carla", "Chen", "Dara", "David", "Elena", "Emma", "Farah", "Felix", "Grace",
          "Hana", "Hugo", "Ines", "Ivan", "Jamal", "Jana", "Jonas", "Kai", "Kofi", "Lara", "Leo", "Lina", "Luis", "Maya", "Mei",
          "Mila", "Nadia", "Noah", "Nora", "Omar", "Oscar", "Priya", "Rafael", "Rosa", "Sami", "Sara", "Tariq", "Tomas", "Uma",
@@ -49,7 +52,7 @@ def grow(tables: list[TableDraft], target: int, seed: int) -> tuple[list[TableDr
     rng = random.Random(seed)
     keys = {t.name: [r.get(t.primary_key) for r in t.rows] for t in tables}
     grown, notes = {}, []
-    for table in _referenced_first(tables):
+    for table in referenced_first(tables):
         rows = list(table.rows)
         if len(rows) >= 2 and len(rows) < target:
             rows, stop = _grow_table(table, rows, target, keys, rng)
@@ -59,7 +62,7 @@ def grow(tables: list[TableDraft], target: int, seed: int) -> tuple[list[TableDr
     return [grown[t.name] for t in tables], notes
 
 
-def _referenced_first(tables: list[TableDraft]) -> list[TableDraft]:
+def referenced_first(tables: list[TableDraft]) -> list[TableDraft]:
     by_name, done, order = {t.name: t for t in tables}, set(), []
 
     def visit(table: TableDraft, path: frozenset) -> None:
@@ -80,43 +83,69 @@ def _referenced_first(tables: list[TableDraft]) -> list[TableDraft]:
 def _grow_table(table: TableDraft, rows: list[dict], target: int, keys: dict[str, list], rng: random.Random) -> tuple[list[dict], str]:
     templates = list(rows)
     identifying = {c.name for c in table.columns if c.name != table.primary_key and not c.references and _identifying(c, templates)}
-    seen = {name: {str(r.get(name)).casefold() for r in rows} for name in identifying}
-    pools = {name: _pools(c, templates) for c in table.columns if (name := c.name) in identifying}
-    spelled = _spelled_from(identifying, templates)
-    key_col = next((c for c in table.columns if c.name == table.primary_key), None)
-    next_key = _key_maker(key_col, [r.get(table.primary_key) for r in rows])
+    pools = {name: _pools(table.name, c, templates) for c in table.columns if (name := c.name) in identifying}
+    # a first-name or last-name column is drawn from the names, not kept unique: people share first names
+    parts = {n for n in identifying if all(len(slots) == 1 and (set(FIRST) <= set(slots[0]) or set(LAST) <= set(slots[0]))
+                                           for slots in pools[n].values())}
+    unique = identifying - parts
+    seen = {name: {str(r.get(name)).casefold() for r in rows} for name in unique}
+    digits = {name: sum(bool(re.search(r"\d", str(r.get(name) or ""))) for r in templates) * 2 > len(templates) for name in identifying}
+    spelled = {c: sources for c, sources in _spelled_from(identifying, templates).items() if c in unique}
+    next_key = _key_maker(next((c for c in table.columns if c.name == table.primary_key), None), [r.get(table.primary_key) for r in rows])
     usable = list(templates)  # a template whose identifying values admit nothing new is set aside
     while len(rows) < target:
         if not usable:
-            return rows, f"no new {' or '.join(sorted(identifying))} left to make from the rows written"
+            return rows, f"no new {' or '.join(sorted(unique))} left to make from the rows written"
         template = rng.choice(usable)
-        row, shift = dict(template), rng.randint(-SHIFT_DAYS, 0)
-        for c in sorted(table.columns, key=lambda c: c.name in spelled):  # a value spelled from another comes after it
-            value = template.get(c.name)
-            if c.name == table.primary_key or value is None:
-                continue
-            parent, _, column = (c.references or "").partition(".")
-            if parent:
-                choices = [k for k in keys.get(parent, ()) if k is not None] if parent != table.name else [r[table.primary_key] for r in rows]
-                row[c.name] = rng.choice(choices) if choices else value
-            elif c.name in spelled and row.get(spelled[c.name]) is not None:
-                respelled = _respell(value, str(template[spelled[c.name]]), str(row[spelled[c.name]]))
-                row[c.name] = respelled if respelled.casefold() not in seen[c.name] else _unique(value, pools[c.name], seen[c.name], rng)
-            elif c.name in identifying:
-                row[c.name] = _unique(value, pools[c.name], seen[c.name], rng)
-            elif isinstance(value, str) and _DATE.match(value):
-                row[c.name] = _shift(value, shift)
-            elif c.type in ("integer", "real") and not isinstance(value, bool):
-                row[c.name] = _number(c, [r.get(c.name) for r in templates], rng, value)
-        if any(row.get(name) is None and template.get(name) is not None for name in identifying):
+        row = None
+        for _ in range(MAX_TRIES):
+            row = _draw(table, template, templates, rows, keys, pools, parts, seen, digits, spelled, rng)
+            if row is not None:
+                break
+        if row is None:
             usable.remove(template)
             continue
-        for name in identifying:
+        for name in unique:
             if row.get(name) is not None:
                 seen[name].add(str(row[name]).casefold())
         row[table.primary_key] = next_key()
         rows.append(row)
     return rows, ""
+
+
+def _draw(table, template, templates, rows, keys, pools, parts, seen, digits, spelled, rng) -> dict | None:
+    """One new row from `template`, or None when one of its unique values came out not new."""
+    row, shift = dict(template), rng.randint(-SHIFT_DAYS, 0)
+    for c in sorted(table.columns, key=lambda c: c.name in spelled):  # a value spelled from others comes after them
+        value = template.get(c.name)
+        if c.name == table.primary_key or value is None:
+            continue
+        parent = (c.references or "").partition(".")[0]
+        if parent:
+            choices = [k for k in keys.get(parent, ()) if k is not None] if parent != table.name else [r[table.primary_key] for r in rows]
+            row[c.name] = rng.choice(choices) if choices else value
+        elif c.name in spelled:
+            sources = spelled[c.name]
+            row[c.name] = _respell(value, [str(template[n]) for n in sources], [str(row[n]) for n in sources])
+            if row[c.name] == value or _taken(row[c.name], seen[c.name]):
+                return None
+        elif c.name in parts:
+            row[c.name] = _made(value, pools[c.name], digits[c.name], rng)
+        elif c.name in seen:
+            row[c.name] = _made(value, pools[c.name], digits[c.name], rng)
+            if _taken(row[c.name], seen[c.name]):
+                return None
+        elif isinstance(value, str) and _DATE.match(value):
+            row[c.name] = _shift(value, shift)
+        elif c.type in ("integer", "real") and not isinstance(value, bool):
+            row[c.name] = _number(c, [r.get(c.name) for r in templates], rng, value)
+    return row
+
+
+def _taken(value: str, seen: set[str]) -> bool:
+    # a part of another value, or the other way round, is not new either: "The Tide" beside "The Tide Atlas" reads as the same
+    folded = value.casefold()
+    return any(folded in v or v in folded for v in seen)
 
 
 def _identifying(column: ColumnDraft, rows: list[dict]) -> bool:
@@ -131,31 +160,36 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z]+", text.casefold())
 
 
-def _spelled_from(identifying: set[str], rows: list[dict]) -> dict[str, str]:
-    """Identifying columns that spell another's words in every written row (an email from a name), and that other."""
-    found = {}
+def _spelled_from(identifying: set[str], rows: list[dict]) -> dict[str, list[str]]:
+    """Identifying columns that spell other identifying columns' words in every written row (an email from a first
+    and a last name), with those others."""
+    found: dict[str, list[str]] = {}
     for column in sorted(identifying):
-        for source in sorted(identifying - {column}):
-            if source not in found and all(isinstance(r.get(column), str) and isinstance(r.get(source), str) and _words(r[source])
-                                           and set(_words(r[source])) <= set(_words(r[column])) for r in rows):
-                found[column] = source
-                break
+        sources = [source for source in sorted(identifying - {column})
+                   if all(isinstance(r.get(column), str) and isinstance(r.get(source), str) and _words(r[source])
+                          and set(_words(r[source])) <= set(_words(r[column])) for r in rows)]
+        if sources and not any(column in found.get(source, ()) for source in sources):
+            found[column] = sources
     return found
 
 
-def _respell(value: str, old: str, new: str) -> str:
-    """`value` with the words of `old` replaced by those of `new`, in order ("ada.park@x.org", "Ada Park" → "Bo Lee": "bo.lee@x.org")."""
-    old_words, new_words = _words(old), _words(new)
-    if len(old_words) != len(new_words):
-        return value
-    swap = dict(zip(old_words, new_words))
+def _respell(value: str, old: list[str], new: list[str]) -> str:
+    """`value` with the words of each `old` text replaced by those of the `new` one, in order
+    ("ada.park@x.org", ["Ada", "Park"] → ["Bo", "Lee"]: "bo.lee@x.org")."""
+    swap = {}
+    for before, after in zip(old, new):
+        if len(_words(before)) != len(_words(after)):
+            return value
+        swap.update(zip(_words(before), _words(after)))
     return re.sub(r"[A-Za-z]+", lambda m: swap.get(m.group(0).casefold(), m.group(0)), value)
 
 
-def _pools(column: ColumnDraft, rows: list[dict]) -> dict[tuple, list[list[str]]]:
-    """The words each position of the column's values takes, by the values' shape (the sequence of token kinds)."""
+def _pools(table: str, column: ColumnDraft, rows: list[dict]) -> dict[tuple, list[list[str]]]:
+    """The words each position of the column's values takes, by the values' shape (the sequence of token kinds); a
+    position that holds first or last names (most of its words are such names, or the column, or a `name` column's
+    table, is named for a person) takes the built-in names too."""
     values = [r[column.name] for r in rows if isinstance(r.get(column.name), str)]
-    person = sum(v.split()[0] in FIRST for v in values if v.split()) * 2 >= len(values)
+    person = bool(_PERSON.search(column.name) or column.name == "name" and _PERSON.search(table))
     pools: dict[tuple, list[list[str]]] = {}
     split = [_TOKEN.findall(v) for v in values]
     for tokens in split:
@@ -165,12 +199,17 @@ def _pools(column: ColumnDraft, rows: list[dict]) -> dict[tuple, list[list[str]]
             for word in [t] + [other[i] for other in split if t[0].isalpha() and i < len(other) and other[i][0].isalpha()]:
                 if word not in slots[i]:
                     slots[i].append(word)
-    if person:
-        for shape, slots in pools.items():
-            words = [i for i, k in enumerate(shape) if k == "word"]
-            if len(words) >= 2:
-                slots[words[0]] = sorted(set(slots[words[0]]) | set(FIRST))
-                slots[words[-1]] = sorted(set(slots[words[-1]]) | set(LAST))
+    for shape, slots in pools.items():
+        words = [i for i, k in enumerate(shape) if k == "word" and all(w[:1].isupper() for w in slots[i])]
+        if not words:
+            continue
+        first = sum(w in FIRST for w in slots[words[0]]) * 2 >= len(slots[words[0]])
+        last = sum(w in LAST for w in slots[words[-1]]) * 2 >= len(slots[words[-1]])
+        single = len(words) == 1
+        if first or (person and not single) or (person and _LAST.search(column.name) is None and single):
+            slots[words[0]] = sorted(set(slots[words[0]]) | set(FIRST))
+        if (last or (first or person) and not single) or (person and single and _LAST.search(column.name)):
+            slots[words[-1]] = sorted(set(slots[words[-1]]) | set(LAST))
     return pools
 
 
@@ -178,23 +217,20 @@ def _kind(token: str) -> str:
     return "word" if token[0].isalpha() else "digits" if token[0].isdigit() else token
 
 
-def _unique(value: str, pools: dict[tuple, list[list[str]]], seen: set[str], rng: random.Random) -> str | None:
+def _made(value: str, pools: dict[tuple, list[list[str]]], digits: bool, rng: random.Random) -> str:
+    """A value of the template's shape: each word from its position's pool, each number (in a column of numbers, such as
+    phone numbers or ISBNs) new digits of the same length."""
     tokens = _TOKEN.findall(value)
     slots = pools.get(tuple(_kind(t) for t in tokens))
-    for _ in range(MAX_TRIES):
-        made = []
-        for i, t in enumerate(tokens):
-            if t[0].isdigit():
-                made.append(str(rng.randint(1 if len(t) > 1 and t[0] != "0" else 0, 9)) + "".join(str(rng.randint(0, 9)) for _ in t[1:]))
-            elif t[0].isalpha() and slots:
-                made.append(rng.choice(slots[i]))
-            else:
-                made.append(t)
-        fresh, folded = "".join(made), "".join(made).casefold()
-        # nor a part of another value, or the other way round: "The Tide" beside "The Tide Atlas" reads as the same thing
-        if not any(folded in v or v in folded for v in seen):
-            return fresh
-    return None
+    made = []
+    for i, t in enumerate(tokens):
+        if t[0].isdigit() and digits:
+            made.append(str(rng.randint(1 if len(t) > 1 and t[0] != "0" else 0, 9)) + "".join(str(rng.randint(0, 9)) for _ in t[1:]))
+        elif t[0].isalpha() and slots:
+            made.append(rng.choice(slots[i]))
+        else:
+            made.append(t)
+    return "".join(made)
 
 
 def _key_maker(column: ColumnDraft | None, existing: list):

@@ -41,19 +41,19 @@ from typing_extensions import NotRequired, TypedDict
 from envs.catalog import load_parent
 from envs.construct import (database_problems, describe_database, public_context, starting_module, task_problems, task_spec, tool_functions,
                             write_database, write_tools_module)
-from envs.grow import grow
+from envs.grow import grow, referenced_first
 from envs.menu import menu
 from envs.runtime import EnvInstance
 from envs.spec import SpecError, load_database, load_environment
 from envs.untrusted import EnvironmentFault
 from graphs.env_evolution import ProposalInput, proposal_graph
 from harness.tool_sandbox import ToolSandboxError, check_task, check_tools
-from roles.environment_builder import environment_builder as build_database
+from roles.environment_builder import environment_builder as build_database, more_rows
 from roles.solver import solver as solve
 from roles.task_proposer import describe_tools, task_proposer as propose_tasks
 from roles.task_reviewer import task_reviewer as review_task
 from roles.tool_coder import tool_coder as code_tools, tool_declarations as declare_tools
-from state.construction import Decision, SolverAttempt, TaskDraft, ToolsDraft
+from state.construction import DatabaseDraft, Decision, SolverAttempt, TaskDraft, ToolsDraft
 from state.context import Context
 from state.evolution import ProposalOutcome, ProposalTarget
 from state.records import Mutation, Observation, PairSpec, TaskSpec, ToolCall, ToolInfo, UsageRecord, merge
@@ -61,6 +61,7 @@ from state.records import Mutation, Observation, PairSpec, TaskSpec, ToolCall, T
 LOG = "construction.json"
 MIN_REJECTED = 2  # perturbed outcomes a kept task's verifier must reject, as certification asks
 PROPOSER_ROWS = 10  # rows per table the task proposer sees, to ground its tasks in
+MIN_EXAMPLES, MAX_EXAMPLES = 5, 8  # rows a table is grown from: a table drafted with fewer gets more, up to the most
 
 
 class ConstructInput(TypedDict):
@@ -117,8 +118,11 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     attempt = state.get("attempt", 0) + 1
     draft, usage = await build_database(state["theme"], state.get("feedback", ""), ctx.builder_model, ctx.model_timeout_s)
     draft = draft.model_copy(update={"id": re.sub(r"[^a-z0-9]+", "-", draft.id.casefold()).strip("-")})  # "Library_Env": library-env
-    written, grown = sum(len(t.rows) for t in draft.tables), []
+    usage, grown, written = [usage], [], 0
     if state.get("rows") and not database_problems(draft):
+        draft, more = await _top_up(draft, state["theme"], ctx)
+        usage += more
+        written = sum(len(t.rows) for t in draft.tables)
         tables, grown = await asyncio.to_thread(grow, draft.tables, state["rows"], zlib.crc32(draft.id.encode()))
         draft = draft.model_copy(update={"tables": tables})
     problems = await asyncio.to_thread(write_database, draft, out, state["theme"])
@@ -126,12 +130,32 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     shown = f"{len(draft.tables)} tables, {rows} rows" + (f" ({written} written; {'; '.join(grown)})" if grown else "")
     decision = Decision(step="database", subject=draft.id, attempt=attempt, accepted=not problems,
                         reasons=tuple(problems) or (f"{shown}; types, keys and references check",))
-    update = {"decisions": [decision], "usage": [usage], "env_id": draft.id}
+    update = {"decisions": [decision], "usage": usage, "env_id": draft.id}
     if not problems:
         return Command(goto="tool_coder", update={**update, "attempt": 0, "feedback": ""})
     if attempt < state["max_attempts"]:
         return Command(goto="environment_builder", update={**update, "attempt": attempt, "feedback": _feedback(problems)})
     return Command(goto="recorder", update={**update, "status": "rejected"})
+
+
+async def _top_up(draft: DatabaseDraft, theme: str, ctx: Context) -> tuple[DatabaseDraft, list[UsageRecord]]:
+    """The draft with each table written with some but fewer than MIN_EXAMPLES rows given more by the builder (referenced
+    tables first, so references can name their new keys); a row whose key is missing or taken is dropped."""
+    tables, usage = {t.name: t for t in draft.tables}, []
+    for table in referenced_first(draft.tables):
+        table = tables[table.name]
+        if not 0 < len(table.rows) < MIN_EXAMPLES:
+            continue
+        keys = {name: [r.get(t.primary_key) for r in t.rows] for name, t in tables.items()}
+        rows, used = await more_rows(theme, table, keys, MAX_EXAMPLES - len(table.rows), ctx.builder_model, ctx.model_timeout_s)
+        taken, kept = set(map(str, keys[table.name])), []
+        for row in rows:
+            if row.get(table.primary_key) is not None and str(row[table.primary_key]) not in taken:
+                taken.add(str(row[table.primary_key]))
+                kept.append(row)
+        tables[table.name] = table.model_copy(update={"rows": [*table.rows, *kept]})
+        usage.append(used)
+    return draft.model_copy(update={"tables": [tables[t.name] for t in draft.tables]}), usage
 
 
 def _same_code(a: str, b: str) -> bool:

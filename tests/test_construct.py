@@ -525,3 +525,23 @@ def test_evolve_envs_takes_a_built_environment_as_parents(context, tmp_path, cap
     assert load_parent("lend-tide-atlas", tmp_path).env_dir == out  # from a directory of environments too
     args = ["--ledger", context.ledger, "evolve-envs", "--diagnosis", "x.json", "--from-env", str(out), "--parents", "renew-loan"]
     assert cli.main(args) == 2 and "renew-loan not a task of" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_table_drafted_with_few_rows_gets_more_rows_from_the_builder(context):
+    from graphs.construct import _top_up
+
+    def branches(messages, schema):
+        assert "Harbor Branch" in messages[0].content and "Write 6 more rows" in messages[0].content
+        return {"rows": [{"branch_id": "B1", "name": "Taken Key"}, {"branch_id": "B3", "name": "Riverside Branch"}]}
+
+    def books(messages, schema):
+        # a reference is one of the keys the referenced table has now, the new one included: the grammar's enum
+        assert schema.model_json_schema()["$defs"]["BooksRow"]["properties"]["branch_id"]["enum"] == ["B1", "B2", "B3"]
+        return {"rows": [{"book_id": "BK-4", "title": "Salt Roads", "branch_id": "B3", "copies": 4}]}
+
+    scripted.register("builder", [branches, books])
+    draft, usage = asyncio.run(_top_up(DatabaseDraft.model_validate(LIBRARY), THEME, context))
+    scripted.assert_consumed()
+    rows = {t.name: [r[t.primary_key] for r in t.rows] for t in draft.tables}
+    assert rows == {"branches": ["B1", "B2", "B3"], "books": ["BK-1", "BK-2", "BK-3", "BK-4"], "loans": []}  # a taken key is dropped
+    assert [u.role for u in usage] == ["environment_builder", "environment_builder"]
