@@ -161,6 +161,31 @@ def starting_module(directory: Path) -> tuple[str, list[ToolDeclaration]]:
     return "\n".join(code).rstrip() + "\n", declared
 
 
+def example_write_tool(directory: Path) -> str:
+    """A state-changing tool over this database, for the tool coder to follow: an insert into the table tools would add
+    to (an empty one, else one that refers to others), checking that the rows it refers to exist."""
+    _, tables, rows = load_database(directory)
+    refers = lambda t: [c for c in t.columns if c.references and c.references.split(".")[0] != t.name]  # noqa: E731
+    table = min(tables, key=lambda t: (bool(rows[t.name]), not refers(t)))
+    pk, kind = table.primary_key, {"text": "str", "integer": "int", "real": "float", "boolean": "bool", "json": "str"}
+    params = [c for c in table.columns if c.name != pk]
+    signature = ", ".join(f"{c.name}: {kind[c.type]}" + (" | None = None" if c.nullable else "") for c in params)
+    args = [f"        {c.name}: The {c.name.replace('_', ' ')}" + (f" (see {c.references.split('.')[0]})." if c.references else ".") for c in params]
+    checks = [f'    one(db, "{c.references.split(".")[0]}", {c.references.split(".")[1]}={c.name})' for c in refers(table)]
+    if table.column(pk).type == "integer":
+        key = [f'    {pk} = max([r["{pk}"] for r in find(db, "{table.name}")], default=0) + 1']
+    else:
+        sample = str(rows[table.name][0][pk]) if rows[table.name] else f"{table.name[:3].upper()}-0001"
+        head = re.sub(r"\d+$", "", sample) or f"{table.name[:3].upper()}-"
+        width = max(len(sample) - len(head), 4)
+        key = [f'    taken = {{r["{pk}"] for r in find(db, "{table.name}")}}', "    n = len(taken) + 1",
+               f'    while f"{head}{{n:0{width}d}}" in taken:', "        n += 1", f'    {pk} = f"{head}{{n:0{width}d}}"']
+    values = ", ".join(f'"{c.name}": {c.name}' for c in table.columns)
+    return "\n".join(["@write_tool", f"def add_{_singular(table.name)}(db, {signature}) -> dict:",
+                      f'    """Records a new {_singular(table.name).replace("_", " ")}.', "", "    Args:", *args, '    """', *checks, *key,
+                      f'    db["{table.name}"].insert({{{values}}})', f'    return {{"{pk}": {pk}}}'])
+
+
 def tool_functions(code: str) -> dict[str, str]:
     """The module's functions decorated as tools, each as its syntax tree's dump (empty when the code does not parse)."""
     try:

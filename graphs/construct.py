@@ -39,7 +39,7 @@ from langgraph.types import Command, Send
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_parent
-from envs.construct import (database_problems, describe_database, public_context, starting_module, task_problems, task_spec, tool_functions,
+from envs.construct import (database_problems, describe_database, example_write_tool, public_context, starting_module, task_problems, task_spec, tool_functions,
                             write_database, write_tools_module)
 from envs.grow import grow, referenced_first
 from envs.menu import menu
@@ -169,12 +169,13 @@ async def tool_coder(state: ConstructState, runtime: Runtime[Context]) -> dict:
     ctx, out = runtime.context, Path(state["out"])
     database = await asyncio.to_thread(describe_database, out)
     starting, declared = await asyncio.to_thread(starting_module, out)
+    example = await asyncio.to_thread(example_write_tool, out)
     previous, feedback = state.get("previous", ""), state.get("feedback", "")
-    code, usage = await code_tools(database, starting, previous, feedback, ctx.builder_model, ctx.model_timeout_s)
+    code, usage = await code_tools(database, starting, example, previous, feedback, ctx.builder_model, ctx.model_timeout_s)
     usages = [usage]
     if previous and _same_code(code, previous):
         feedback += "\n- your last reply repeated the module that failed, unchanged; write the module again from the starting one"
-        code, usage = await code_tools(database, starting, "", feedback, ctx.builder_model, ctx.model_timeout_s, temperature=1.0)
+        code, usage = await code_tools(database, starting, example, "", feedback, ctx.builder_model, ctx.model_timeout_s, temperature=1.0)
         usages.append(usage)
     functions, template = tool_functions(code), tool_functions(starting)
     kept = [d for d in declared if functions.get(d.name) == template.get(d.name)]

@@ -22,10 +22,10 @@ from state.records import Record, UsageRecord
 CODE_MAX_TOKENS = 3000
 
 
-async def tool_coder(database: str, starting: str, previous: str, feedback: str, model: str, timeout_s: float = 1800.0,
+async def tool_coder(database: str, starting: str, example: str, previous: str, feedback: str, model: str, timeout_s: float = 1800.0,
                      temperature: float | None = None) -> tuple[str, UsageRecord]:
     """The complete tools module (the code of the reply's fenced block)."""
-    prompt = render("tool_coder", database=database, starting=starting.rstrip(), previous=previous.rstrip() or "(none yet)",
+    prompt = render("tool_coder", database=database, starting=starting.rstrip(), example=example, previous=previous.rstrip() or "(none yet)",
                     feedback=feedback or "(first attempt)")
     done = await chat_model(model, role="tool_coder", timeout_s=timeout_s).complete([HumanMessage(prompt)], max_tokens=CODE_MAX_TOKENS,
                                                                                    temperature=temperature)

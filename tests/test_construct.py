@@ -14,7 +14,7 @@ from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 
 from envs.catalog import load_catalog, load_parent, task_ids
 from envs.certify import certify
-from envs.construct import (check_task, module_code, public_context, run_call, stage_public, starting_module, task_perturbations,
+from envs.construct import (check_task, example_write_tool, module_code, public_context, run_call, stage_public, starting_module, task_perturbations,
                             task_problems, task_spec, write_database, write_tools_module)
 from envs.runtime import EnvInstance
 from envs.spec import load_database, load_environment, tool_infos
@@ -508,6 +508,15 @@ def test_the_starting_module_runs_and_names_the_table_no_tool_touches(tmp_path):
     assert [r["title"] for r in EnvInstance(env).call("search_books", {"query": "tide ATLAS"}).output] == ["The Tide Atlas"]
     assert module(code).count("```") == 2 and module_code(module(code)) == code
     assert module_code("no fence, only code\n") == "no fence, only code\n"
+    # the write tool the coder is shown is written for this database, and runs: with it the module validates
+    example = example_write_tool(out)
+    assert example.splitlines()[1] == "def add_loan(db, book_id: str, member: str) -> dict:"
+    adding = {"name": "add_loan", "read_only": False, "returns": {"type": "object", "required": ["loan_id"]}, "changes": ["loans"],
+              "valid": [{"book_id": "BK-1", "member": "Ada Park"}], "invalid": [{"args": {"book_id": "BK-99", "member": "Ada Park"}, "error_code": "not_found"}]}
+    write_tools_module(ToolsDraft.model_validate({"code": code + "\n\n" + example + "\n", "tools": [*declared, adding]}), out)
+    assert asyncio.run(check_tools(out))[0] == []
+    lent = run_call(load_environment(out), "add_loan", {"book_id": "BK-2", "member": "Ben Ode"})
+    assert lent.observation.output == {"loan_id": "LOA-0001"}
 
 
 def test_evolve_envs_takes_a_built_environment_as_parents(context, tmp_path, capsys):
