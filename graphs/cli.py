@@ -378,6 +378,10 @@ def envs_build(args: argparse.Namespace) -> int:
     result = {"run_id": run_id, "out": str(out), "status": final.get("status"), "environment": final.get("env_id"),
               "kept": final.get("kept", []), "pairs": final.get("pairs_written", []), "log": str(out / "construction.json"),
               "wall_s_by_step": {k: round(v, 1) for k, v in steps.items()}, "costs": usage_costs(final.get("usage", []))}
+    if result["pairs"]:  # the whole build's model use and wall time, shared by the pairs it ended in
+        spent = {"calls": sum(r["calls"] for r in result["costs"]), "tokens": sum(r["tokens"] for r in result["costs"]),
+                 "minutes": sum(steps.values()) / 60}
+        result["per_certified_pair"] = {k: round(v / len(result["pairs"]), 1) for k, v in spent.items()}
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -390,6 +394,9 @@ def envs_build(args: argparse.Namespace) -> int:
             spent.add_row(node, f"{seconds:,.0f}", "", "")
         for row in result["costs"]:
             spent.add_row(row["role"], f"{row['minutes'] * 60:,.0f}", f"{row['calls']:,}", f"{row['tokens']:,}")
+        if "per_certified_pair" in result:
+            per = result["per_certified_pair"]
+            spent.add_row("per certified pair (whole build)", f"{per['minutes'] * 60:,.0f}", f"{per['calls']:,}", f"{per['tokens']:,}")
         console.print(spent)
     return 0 if result["status"] == "built" and result["kept"] and (result["pairs"] or not args.pairs) else 1
 
