@@ -46,16 +46,20 @@ LAST = ("Abe", "Alvarez", "Brooks", "Carter", "Chen", "Costa", "Diaz", "Dubois",
         "Johnson", "Brown", "Miller", "Davis", "Wilson", "Taylor", "Thomas", "Moore", "Clark", "Lewis", "Hall", "Allen")
 
 
-def grow(tables: list[TableDraft], target: int, seed: int) -> tuple[list[TableDraft], list[str]]:
+def grow(tables: list[TableDraft], target: int, seed: int,
+         vocabulary: dict[tuple[str, str], list[str]] | None = None) -> tuple[list[TableDraft], list[str]]:
     """The tables with every templated table grown to `target` rows (the written rows first, kept as they are),
-    and one note per grown table saying how far it grew and, when it stopped short, why."""
+    and one note per grown table saying how far it grew and, when it stopped short, why. `vocabulary` gives, by
+    (table, column), the values a naming column (see `naming_columns`) takes in new rows, each once."""
     rng = random.Random(seed)
+    vocabulary = vocabulary or {}
     keys = {t.name: [r.get(t.primary_key) for r in t.rows] for t in tables}
     grown, notes = {}, []
     for table in referenced_first(tables):
         rows = list(table.rows)
         if len(rows) >= 2 and len(rows) < target:
-            rows, stop = _grow_table(table, rows, target, keys, rng)
+            words = {c: list(v) for (t, c), v in vocabulary.items() if t == table.name}
+            rows, stop = _grow_table(table, rows, target, keys, rng, words)
             keys[table.name] = [r.get(table.primary_key) for r in rows]
             notes.append(f"{table.name}: {len(table.rows)} written, grown to {len(rows)}" + (f" ({stop})" if stop else ""))
         grown[table.name] = table.model_copy(update={"rows": rows})
@@ -80,7 +84,24 @@ def referenced_first(tables: list[TableDraft]) -> list[TableDraft]:
     return order
 
 
-def _grow_table(table: TableDraft, rows: list[dict], target: int, keys: dict[str, list], rng: random.Random) -> tuple[list[dict], str]:
+def naming_columns(tables: list[TableDraft]) -> list[tuple[str, str]]:
+    """(table, column) of each identifying column of a table that grows whose values are names of things, several
+    words long (a title, a product): recombined words would read as nonsense, so new ones are asked of the builder."""
+    found = []
+    for table in tables:
+        if len(table.rows) < 2:
+            continue
+        for c in table.columns:
+            values = [r.get(c.name) for r in table.rows if isinstance(r.get(c.name), str)]
+            if (c.name != table.primary_key and not c.references and _identifying(c, table.rows) and not _PERSON.search(c.name)
+                    and not (c.name == "name" and _PERSON.search(table.name)) and "@" not in "".join(values)
+                    and sum(" " in v for v in values) * 2 > len(values) and sum(bool(re.search(r"\d", v)) for v in values) * 2 <= len(values)):
+                found.append((table.name, c.name))
+    return found
+
+
+def _grow_table(table: TableDraft, rows: list[dict], target: int, keys: dict[str, list], rng: random.Random,
+                words: dict[str, list[str]]) -> tuple[list[dict], str]:
     templates = list(rows)
     identifying = {c.name for c in table.columns if c.name != table.primary_key and not c.references and _identifying(c, templates)}
     pools = {name: _pools(table.name, c, templates) for c in table.columns if (name := c.name) in identifying}
@@ -89,17 +110,21 @@ def _grow_table(table: TableDraft, rows: list[dict], target: int, keys: dict[str
                                            for slots in pools[n].values())}
     unique = identifying - parts
     seen = {name: {str(r.get(name)).casefold() for r in rows} for name in unique}
+    fresh = {name: [v for v in dict.fromkeys(values) if isinstance(v, str) and v.strip() and not _taken(v, seen.get(name, set()))]
+             for name, values in words.items() if name in identifying}
+    for values in fresh.values():
+        rng.shuffle(values)
     digits = {name: sum(bool(re.search(r"\d", str(r.get(name) or ""))) for r in templates) * 2 > len(templates) for name in identifying}
     spelled = {c: sources for c, sources in _spelled_from(identifying, templates).items() if c in unique}
     next_key = _key_maker(next((c for c in table.columns if c.name == table.primary_key), None), [r.get(table.primary_key) for r in rows])
     usable = list(templates)  # a template whose identifying values admit nothing new is set aside
     while len(rows) < target:
         if not usable:
-            return rows, f"no new {' or '.join(sorted(unique))} left to make from the rows written"
+            return rows, f"no new {' or '.join(sorted(unique))} left to make"
         template = rng.choice(usable)
         row = None
         for _ in range(MAX_TRIES):
-            row = _draw(table, template, templates, rows, keys, pools, parts, seen, digits, spelled, rng)
+            row = _draw(table, template, templates, rows, keys, pools, parts, seen, digits, spelled, fresh, rng)
             if row is not None:
                 break
         if row is None:
@@ -113,7 +138,7 @@ def _grow_table(table: TableDraft, rows: list[dict], target: int, keys: dict[str
     return rows, ""
 
 
-def _draw(table, template, templates, rows, keys, pools, parts, seen, digits, spelled, rng) -> dict | None:
+def _draw(table, template, templates, rows, keys, pools, parts, seen, digits, spelled, fresh, rng) -> dict | None:
     """One new row from `template`, or None when one of its unique values came out not new."""
     row, shift = dict(template), rng.randint(-SHIFT_DAYS, 0)
     for c in sorted(table.columns, key=lambda c: c.name in spelled):  # a value spelled from others comes after them
@@ -129,6 +154,12 @@ def _draw(table, template, templates, rows, keys, pools, parts, seen, digits, sp
             row[c.name] = _respell(value, [str(template[n]) for n in sources], [str(row[n]) for n in sources])
             if row[c.name] == value or _taken(row[c.name], seen[c.name]):
                 return None
+        elif c.name in fresh:  # the builder's own names, each once; none left, no new row
+            while fresh[c.name] and _taken(fresh[c.name][-1], seen[c.name]):
+                fresh[c.name].pop()
+            if not fresh[c.name]:
+                return None
+            row[c.name] = fresh[c.name].pop()
         elif c.name in parts:
             row[c.name] = _made(value, pools[c.name], digits[c.name], rng)
         elif c.name in seen:
@@ -195,10 +226,8 @@ def _pools(table: str, column: ColumnDraft, rows: list[dict]) -> dict[tuple, lis
     for tokens in split:
         slots = pools.setdefault(tuple(_kind(t) for t in tokens), [[] for _ in tokens])
         for i, t in enumerate(tokens):
-            # a word slot also takes the words other values have at that position ("The Tide Atlas", "River Songs")
-            for word in [t] + [other[i] for other in split if t[0].isalpha() and i < len(other) and other[i][0].isalpha()]:
-                if word not in slots[i]:
-                    slots[i].append(word)
+            if t not in slots[i]:
+                slots[i].append(t)
     for shape, slots in pools.items():
         words = [i for i, k in enumerate(shape) if k == "word" and all(w[:1].isupper() for w in slots[i])]
         if not words:

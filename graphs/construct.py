@@ -41,14 +41,14 @@ from typing_extensions import NotRequired, TypedDict
 from envs.catalog import load_parent
 from envs.construct import (database_problems, describe_database, example_write_tool, public_context, starting_module, task_problems, task_spec, tool_functions,
                             write_database, write_tools_module)
-from envs.grow import grow, referenced_first
+from envs.grow import grow, naming_columns, referenced_first
 from envs.menu import menu
 from envs.runtime import EnvInstance
 from envs.spec import SpecError, load_database, load_environment
 from envs.untrusted import EnvironmentFault
 from graphs.env_evolution import ProposalInput, proposal_graph
 from harness.tool_sandbox import ToolSandboxError, check_task, check_tools
-from roles.environment_builder import environment_builder as build_database, more_rows
+from roles.environment_builder import environment_builder as build_database, more_names, more_rows
 from roles.solver import solver as solve
 from roles.task_proposer import describe_tools, task_proposer as propose_tasks
 from roles.task_reviewer import task_reviewer as review_task
@@ -62,6 +62,7 @@ LOG = "construction.json"
 MIN_REJECTED = 2  # perturbed outcomes a kept task's verifier must reject, as certification asks
 PROPOSER_ROWS = 10  # rows per table the task proposer sees, to ground its tasks in
 MIN_EXAMPLES, MAX_EXAMPLES = 5, 8  # rows a table is grown from: a table drafted with fewer gets more, up to the most
+MAX_NAMES = 40  # new names (titles, products) asked of the builder per naming column
 
 
 class ConstructInput(TypedDict):
@@ -122,8 +123,12 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     if state.get("rows") and not database_problems(draft):
         draft, more = await _top_up(draft, state["theme"], ctx)
         usage += more
-        written = sum(len(t.rows) for t in draft.tables)
-        tables, grown = await asyncio.to_thread(grow, draft.tables, state["rows"], zlib.crc32(draft.id.encode()))
+        written, vocabulary = sum(len(t.rows) for t in draft.tables), {}
+        by_name = {t.name: t for t in draft.tables}
+        for table, column in naming_columns(draft.tables):
+            names, used = await more_names(state["theme"], by_name[table], column, MAX_NAMES, ctx.builder_model, ctx.model_timeout_s)
+            vocabulary[table, column], usage = names, usage + [used]
+        tables, grown = await asyncio.to_thread(grow, draft.tables, state["rows"], zlib.crc32(draft.id.encode()), vocabulary)
         draft = draft.model_copy(update={"tables": tables})
     problems = await asyncio.to_thread(write_database, draft, out, state["theme"])
     rows = sum(len(t.rows) for t in draft.tables)

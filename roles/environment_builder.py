@@ -3,7 +3,8 @@ consistent rows (HERA §3.1 "Environment construction", App. B.1 "State
 construction"); on a retry it gets back the problems of its last draft. A
 table drafted with too few rows to grow from gets more in a second, narrow
 call: the rows of that one table, each column typed by the grammar and each
-reference limited to keys that exist."""
+reference limited to keys that exist; a column of names of things (titles,
+products) gets a list of new names, which the growth uses one each."""
 
 from __future__ import annotations
 
@@ -48,3 +49,14 @@ async def more_rows(theme: str, table: TableDraft, keys: dict[str, list], count:
     reply, usage = await chat_model(model, role="environment_builder", timeout_s=timeout_s).structured(
         [HumanMessage(prompt)], rows_schema(table, keys, count))
     return [r.model_dump(by_alias=True) for r in reply.rows], usage
+
+
+async def more_names(theme: str, table: TableDraft, column: str, count: int, model: str,
+                     timeout_s: float = 1800.0) -> tuple[list[str], UsageRecord]:
+    """Up to `count` new values for a column of names of things (titles, products), like the table's."""
+    examples = [str(r[column]) for r in table.rows if r.get(column) is not None]
+    prompt = render("more_names", theme=theme, table=table.name, column=column, count=str(count),
+                    examples="\n".join(f"- {e}" for e in examples))
+    schema = create_model("Names", __base__=Record, values=(list[str], Field(min_length=1, max_length=count)))
+    reply, usage = await chat_model(model, role="environment_builder", timeout_s=timeout_s).structured([HumanMessage(prompt)], schema)
+    return [v.strip() for v in reply.values if v.strip()], usage

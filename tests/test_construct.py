@@ -554,3 +554,25 @@ def test_a_table_drafted_with_few_rows_gets_more_rows_from_the_builder(context):
     rows = {t.name: [r[t.primary_key] for r in t.rows] for t in draft.tables}
     assert rows == {"branches": ["B1", "B2", "B3"], "books": ["BK-1", "BK-2", "BK-3", "BK-4"], "loans": []}  # a taken key is dropped
     assert [u.role for u in usage] == ["environment_builder", "environment_builder"]
+
+
+def test_the_database_grows_with_rows_and_names_the_builder_adds(context, tmp_path):
+    out = tmp_path / "library"
+    good = json.loads(json.dumps(GOOD_TOOLS).replace("BK-9", "BK-999"))  # BK-9 exists once the books grow
+    more_branches = {"rows": [{"branch_id": "B3", "name": "Riverside Branch"}, {"branch_id": "B4", "name": "Old Town Branch"}]}
+    more_books = {"rows": [{"book_id": "BK-4", "title": "Salt Roads", "branch_id": "B3", "copies": 3}]}
+    titles = {"values": ["Night Ferries", "The Lantern Year", "Glass Orchards"]}
+    branch_names = {"values": ["Northgate Branch"]}
+    scripted.register("builder", [LIBRARY, more_branches, more_books, branch_names, titles, *coded(good)])
+    scripted.register("proposer", [{"tasks": []}])
+    final = build(context, out, rows=30)
+    scripted.assert_consumed()
+    assert final["decisions"][0].reasons == (
+        "3 tables, 12 rows (8 written; branches: 4 written, grown to 5 (no new name left to make); "
+        "books: 4 written, grown to 7 (no new title left to make)); types, keys and references check",)
+    schemas = [c.schema.__name__ if c.schema else "module" for c in scripted.calls("builder")]
+    assert schemas == ["DatabaseDraft", "MoreRows", "MoreRows", "Names", "Names", "module", "ToolDeclarations"]
+    assert "Write 40 more title values" in scripted.calls("builder")[4].messages[0].content
+    env = load_environment(out)
+    assert sorted(r["title"] for r in env.rows["books"][4:]) == sorted(titles["values"])  # the builder's names, each once
+    assert {r["branch_id"] for r in env.rows["books"]} <= {"B1", "B2", "B3", "B4", "B5"}

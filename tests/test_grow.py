@@ -5,7 +5,7 @@ kept, seeded, and a table that stops when its values run out."""
 import datetime as dt
 
 from envs.construct import database_problems, write_database
-from envs.grow import grow
+from envs.grow import grow, naming_columns
 from envs.spec import load_database
 from state.construction import DatabaseDraft
 
@@ -32,17 +32,23 @@ LOANS = {"name": "loans", "primary_key": "loan_id",
 DRAFT = {"id": "city-library", "description": "Members, titles and loans on 2025-03-20.", "tables": [LOANS, MEMBERS, TITLES]}
 
 
+NAMES = {("titles", "title"): ["Salt Roads", "The Tide Atlas", "Night Ferries", "Mountain", "Night Ferries"]}
+
+
 def grown(target=200, seed=7):
     draft = DatabaseDraft.model_validate(DRAFT)
-    tables, notes = grow(draft.tables, target, seed)
+    tables, notes = grow(draft.tables, target, seed, NAMES)
     return draft, {t.name: t.rows for t in tables}, notes
 
 
 def test_tables_grow_from_their_rows_with_keys_references_and_dates_that_hold():
     draft, rows, notes = grown()
     assert {n: len(r) for n, r in rows.items()} == {"loans": 200, "members": 200, "titles": 4}
-    assert notes == ["members: 3 written, grown to 200", "titles: 2 written, grown to 4 (no new title left to make from the rows written)",
+    assert notes == ["members: 3 written, grown to 200", "titles: 2 written, grown to 4 (no new title left to make)",
                      "loans: 2 written, grown to 200"]
+    # titles come from the builder's names, each once, none taken or part of one taken ("Mountain" of "Mountain Birds")
+    assert sorted(r["title"] for r in rows["titles"][2:]) == ["Night Ferries", "Salt Roads"]
+    assert naming_columns(draft.tables) == [("titles", "title")]  # not a person's name, an email or a number
     assert [t.name for t in draft.tables] == ["loans", "members", "titles"]  # the draft's order, references grown first
     for table in draft.tables:
         assert rows[table.name][: len(table.rows)] == table.rows  # the written rows come first, as written
