@@ -130,10 +130,19 @@ def _used(value: Scalar, texts: list[str]) -> bool:
 
 def menu(env: EnvironmentSpec, pair: PairSpec | Parent) -> list[Option]:
     """Up to `MAX_OPTIONS` options whose derived mutations certify, the categories taking turns; computed once per process."""
-    key = (env.hash, content_hash(pair.task.model_dump()), content_hash([op.model_dump() for op in pair.control]))
+    key = _key(env, pair)
     if key not in _menus:
         _menus[key] = _menu(env, pair)
     return list(_menus[key])
+
+
+def remember(env: EnvironmentSpec, pair: PairSpec | Parent, options: list[Option]) -> None:
+    """Keeps a menu computed elsewhere (in a sandboxed child, for generated tools) as this process's."""
+    _menus[_key(env, pair)] = tuple(options)
+
+
+def _key(env: EnvironmentSpec, pair: PairSpec | Parent) -> tuple:
+    return env.hash, content_hash(pair.task.model_dump()), content_hash([op.model_dump() for op in pair.control])
 
 
 _menus: dict[tuple, tuple[Option, ...]] = {}

@@ -42,11 +42,10 @@ from envs.catalog import load_parent
 from envs.construct import (database_problems, describe_database, example_write_tool, public_context, starting_module, task_problems, task_spec, tool_functions,
                             write_database, write_tools_module)
 from envs.grow import grow, naming_columns, referenced_first
-from envs.menu import menu
 from envs.runtime import EnvInstance
 from envs.spec import SpecError, load_database, load_environment
 from envs.untrusted import EnvironmentFault
-from graphs.env_evolution import ProposalInput, proposal_graph
+from graphs.env_evolution import ProposalInput, menu_of, proposal_graph
 from harness.tool_sandbox import ToolSandboxError, check_task, check_tools
 from roles.environment_builder import environment_builder as build_database, more_names, more_rows
 from roles.solver import solver as solve
@@ -168,28 +167,30 @@ def _same_code(a: str, b: str) -> bool:
 
 
 async def tool_coder(state: ConstructState, runtime: Runtime[Context]) -> dict:
-    """Writes the tools module from the starting module, the database and the last problems, and the declared calls
-    of the tools it added (the starting module's own come with it); a reply that repeats the module that failed is
-    asked for again without that module and hotter, not retried as it was; writes `previous`, `attempt`."""
+    """Writes the tools module, the starting module with the tools the coder adds (given the database and the last
+    problems), and the declared calls of the tools it added (the starting module's own come with it); a reply that
+    repeats the functions that failed is asked for again without them and hotter, not retried as it was; writes
+    `previous`, `attempt`."""
     ctx, out = runtime.context, Path(state["out"])
     database = await asyncio.to_thread(describe_database, out)
     starting, declared = await asyncio.to_thread(starting_module, out)
     example = await asyncio.to_thread(example_write_tool, out)
     previous, feedback = state.get("previous", ""), state.get("feedback", "")
-    code, usage = await code_tools(database, starting, example, previous, feedback, ctx.builder_model, ctx.model_timeout_s)
+    added, usage = await code_tools(database, starting, example, previous, feedback, ctx.builder_model, ctx.model_timeout_s)
     usages = [usage]
-    if previous and _same_code(code, previous):
-        feedback += "\n- your last reply repeated the module that failed, unchanged; write the module again from the starting one"
-        code, usage = await code_tools(database, starting, example, "", feedback, ctx.builder_model, ctx.model_timeout_s, temperature=1.0)
+    if previous and _same_code(added, previous):
+        feedback += "\n- your last reply repeated the functions that failed, unchanged; write them again, differently"
+        added, usage = await code_tools(database, starting, example, "", feedback, ctx.builder_model, ctx.model_timeout_s, temperature=1.0)
         usages.append(usage)
+    code = f"{starting.rstrip()}\n\n\n{added}"
     functions, template = tool_functions(code), tool_functions(starting)
     kept = [d for d in declared if functions.get(d.name) == template.get(d.name)]
-    added = [name for name in functions if name not in {d.name for d in kept}]
-    if added:
-        more, usage = await declare_tools(database, code, added, ctx.builder_model, ctx.model_timeout_s)
+    new = [name for name in functions if name not in {d.name for d in kept}]
+    if new:
+        more, usage = await declare_tools(database, code, new, ctx.builder_model, ctx.model_timeout_s)
         kept, usages = kept + more, usages + [usage]
     await asyncio.to_thread(write_tools_module, ToolsDraft(code=code, tools=kept), out)
-    return {"previous": code, "attempt": state.get("attempt", 0) + 1, "usage": usages}
+    return {"previous": added, "attempt": state.get("attempt", 0) + 1, "usage": usages}
 
 
 async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder", "task_proposer", "recorder"]]:
@@ -324,18 +325,14 @@ def _write_task(out: Path, task: TaskSpec) -> None:
     (out / "tasks" / f"{task.id}.yaml").write_text(text)
 
 
-def _offered(out: Path, task_id: str) -> list[str]:
-    parent = load_parent(task_id, out)
-    return list(dict.fromkeys(o.category for o in menu(parent.env, parent)))
-
-
 async def pair_planner(state: ConstructState) -> dict:
     """Makes each kept task a parent: computes its mutation menu and picks `pairs` categories it offers, rotating
     so tasks differ; writes `targets`, `decisions`."""
     out, wanted = Path(state["out"]), state.get("pairs", 0)
     targets, decisions = [], []
     for i, task_id in enumerate(state.get("kept", []) if wanted else []):
-        offered = await asyncio.to_thread(_offered, out, task_id)
+        parent = await asyncio.to_thread(load_parent, task_id, out)
+        offered = list(dict.fromkeys(o.category for o in await menu_of(parent)))
         decisions.append(Decision(step="mutation_menu", subject=task_id, accepted=bool(offered),
                                   reasons=(f"options in {', '.join(offered)}" if offered else "no derived mutation certifies",)))
         chosen = [offered[(i + k) % len(offered)] for k in range(min(wanted, len(offered)))] if offered else []

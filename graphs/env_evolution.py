@@ -34,11 +34,12 @@ from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import CATALOG, Parent, load_parent
 from envs.certify import certify
-from envs.menu import menu
+from envs.menu import Option, menu
 from envs.mutation import apply_mutation
-from envs.spec import SpecError, check_pair
+from envs.spec import SpecError, check_pair, shipped
 from graphs import api
 from graphs.fdcr import diagnosis_text
+from harness.tool_sandbox import sandboxed_menu
 from prompts import render
 from roles.models import chat_model
 from roles.mutation_proposer import describe_parent, describe_task, menu_proposer as propose_from_menu, mutation_proposer as propose
@@ -80,6 +81,13 @@ def _parent(target: ProposalTarget, ctx: Context) -> Parent:
     return load_parent(target.parent, target.source or ctx.catalog or str(CATALOG))
 
 
+async def menu_of(parent: Parent) -> list[Option]:
+    """The parent's mutation menu: computed here for the project's own tools, in one sandboxed child for any other."""
+    if shipped(parent.env.tools_source):
+        return await asyncio.to_thread(menu, parent.env, parent)
+    return await sandboxed_menu(parent)
+
+
 async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> Command[Literal["semantic_reviewer", "rescue_reviewer", "review_decider", "__end__"]]:
     """Chooses one change from the parent's menu (with free proposals: writes a whole mutation), again with the
     feedback on a refinement, and checks that it applies; writes `mutation`, `shown`, `invalid`, `tried`."""
@@ -89,7 +97,7 @@ async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> 
     started = state.get("started") or time.time()
     if ctx.proposals == "menu":
         parent = state.get("parent") or await asyncio.to_thread(describe_task, entry)
-        options = [o for o in await asyncio.to_thread(menu, entry.env, entry) if o.id not in state.get("tried", [])]
+        options = [o for o in await menu_of(entry) if o.id not in state.get("tried", [])]
         if not options:
             reason = f"no option of {target.parent}'s menu is left" + (f" (last: {state['feedback']})" if state.get("feedback") else "")
             return Command(goto=END, update=_outcome({**state, "round": round_ - 1, "started": started}, "rejected", reason))
@@ -252,7 +260,7 @@ async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Contex
         chosen.append((parents[i % len(parents)], weak[i % len(weak)], ""))
     if ctx.proposals == "menu":  # a category the parent's menu lacks becomes the first diagnosed (else listed) one it offers
         by_id = dict(zip(parents, entries))
-        offered = {p: {o.category for o in await asyncio.to_thread(menu, by_id[p].env, by_id[p])} for p in {p for p, _, _ in chosen}}
+        offered = {p: {o.category for o in await menu_of(by_id[p])} for p in {p for p, _, _ in chosen}}
         chosen = [(p, c if c in offered[p] or not offered[p] else next(k for k in [*weak, *CATEGORIES] if k in offered[p]), idea)
                   for p, c, idea in chosen]
     targets = [ProposalTarget(id=f"{parent}--{_slug(category)}-{state['run_id'][-6:]}-{round_}{i}", parent=parent, category=category, idea=idea,

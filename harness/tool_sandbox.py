@@ -10,6 +10,7 @@ print goes to the child's stderr, never into the protocol.
 
     python -m harness.tool_sandbox check DIR          one JSON line: {"problems", "tools"}
     python -m harness.tool_sandbox verify DIR TASK    one JSON line: a TaskCheck
+    python -m harness.tool_sandbox menu DIR TASK      one JSON line: {"options"}, the task's mutation menu
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from envs.catalog import Parent
 from envs.construct import check_task as run_task_check, stage_public, tool_problems
+from envs.menu import Option, menu, remember
 from envs.sandbox import run_sandboxed, workspace
 from envs.spec import SpecError, load_environment, run_untrusted_here
 from harness.remote import _Channel
 from state.construction import TaskCheck
-from state.records import TaskSpec, ToolInfo
+from state.records import Mutation, TaskSpec, ToolInfo
 
 
 class ToolSandboxError(RuntimeError):
@@ -67,6 +70,17 @@ async def check_task(directory: Path | str, task: TaskSpec, timeout_s: float = 1
     return TaskCheck.model_validate(result)
 
 
+async def sandboxed_menu(parent: Parent, timeout_s: float = 1800) -> list[Option]:
+    """The mutation menu of a task on a generated environment, computed in one sandboxed child (where certifying the
+    options runs the tools in process, not in a sandboxed child per instance) and remembered by this process's menu."""
+    result = await asyncio.to_thread(_run, parent.env_dir, ["menu", "../task.json"], timeout_s, {"task.json": parent.task.model_dump_json()})
+    if "error" in result:
+        raise ToolSandboxError(f"{parent.env_dir}: {result['error']}")
+    options = [Option(o["id"], o["category"], o["operation"], o["summary"], Mutation.model_validate(o["mutation"])) for o in result["options"]]
+    remember(parent.env, parent, options)
+    return options
+
+
 def main(argv: list[str]) -> None:
     run_untrusted_here()
     channel = _Channel()
@@ -82,6 +96,16 @@ def main(argv: list[str]) -> None:
             channel.send({"error": str(exc)})
             return
         channel.send(run_task_check(env, task).model_dump(mode="json"))
+    elif command == "menu":
+        task = TaskSpec.model_validate_json(Path(directory, argv[2]).read_text())
+        try:
+            env = load_environment(directory)
+        except SpecError as exc:
+            channel.send({"error": str(exc)})
+            return
+        options = menu(env, Parent(task.id, env, task, (), Path(directory)))
+        channel.send({"options": [{"id": o.id, "category": o.category, "operation": o.operation, "summary": o.summary,
+                                   "mutation": o.mutation.model_dump(mode="json")} for o in options]})
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """The tool coder: a tools module over a database, with the calls each tool
-promises to accept and refuse (HERA App. B.1 "Tool generation"). The module
-is asked for as code, in a fenced block starting from a module that runs
+promises to accept and refuse (HERA App. B.1 "Tool generation"). Its tools
+are asked for as code, in a fenced block, to be added to a module that runs
 (`envs.construct.starting_module`), not as a string inside JSON; the
 declarations of the tools it added come in a second, grammar-constrained
 call whose tool names are the module's own. On a retry it gets back its
-previous module and the problems found by running it."""
+previous functions and the problems found by running them."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ CODE_MAX_TOKENS = 3000
 
 async def tool_coder(database: str, starting: str, example: str, previous: str, feedback: str, model: str, timeout_s: float = 1800.0,
                      temperature: float | None = None) -> tuple[str, UsageRecord]:
-    """The complete tools module (the code of the reply's fenced block)."""
+    """The functions to add to the starting module (the code of the reply's fenced block)."""
     prompt = render("tool_coder", database=database, starting=starting.rstrip(), example=example, previous=previous.rstrip() or "(none yet)",
                     feedback=feedback or "(first attempt)")
     done = await chat_model(model, role="tool_coder", timeout_s=timeout_s).complete([HumanMessage(prompt)], max_tokens=CODE_MAX_TOKENS,

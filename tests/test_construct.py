@@ -202,11 +202,11 @@ def test_environment_built_from_a_theme_loads_and_keeps_only_validated_tasks(con
     assert "def search_books(db, query: str)" in builder_prompts[2]  # the tool coder starts from a module that runs
     # the declarations are asked of the tools the module added, by their names: a grammar enum
     names = scripted.calls("builder")[3].schema.model_json_schema()["$defs"]["Declared"]["properties"]["name"]["enum"]
-    assert names == ["list_books", "get_book", "lend_book", "list_branches"]
+    assert names == ["get_book", "list_books", "lend_book", "list_branches"]  # get_book redefines the starting module's
 
     env = load_environment(out)
     assert (env.id, env.theme, [t.name for t in env.tables]) == ("city-library", THEME, ["branches", "books", "loans"])
-    assert sorted(tool_infos(env)) == ["get_book", "lend_book", "list_books", "list_branches"]
+    assert list(tool_infos(env)) == ["search_branches", "get_branch", "search_books", "get_book", "list_books", "lend_book", "list_branches"]
     assert [r["title"] for r in env.rows["books"]] == ["The Tide Atlas", "Mountain Birds", "River Songs"]
     assert sorted(p.name for p in (out / "tasks").iterdir()) == ["lend-tide-atlas.yaml"]
     task = yaml.safe_load((out / "tasks" / "lend-tide-atlas.yaml").read_text())
@@ -231,7 +231,8 @@ def test_the_solver_sees_only_the_instruction_the_public_context_and_the_public_
     assert calls[0].messages == [SystemMessage(render("solver", context="Books and loans of the city library on 2026-03-02.")),
                                  HumanMessage(KEPT["instruction"])]
     public = EnvInstance(load_environment(out)).public_tools
-    assert [t.name for t in public] == ["list_books", "get_book", "lend_book", "list_branches"] and all(c.tools == public for c in calls)
+    assert [t.name for t in public] == ["search_branches", "get_branch", "search_books", "get_book", "list_books", "lend_book",
+                                        "list_branches"] and all(c.tools == public for c in calls)
     seen = "\n".join(str(m.content) for c in calls for m in c.messages)
     for private in ("Harbor Branch", "Hillcrest Branch", "allowed_writes", "match"):
         assert private not in seen  # no row the tools did not return, no verification rule
@@ -245,15 +246,15 @@ def test_the_solver_sees_only_the_instruction_the_public_context_and_the_public_
 def test_the_coding_loop_is_bounded_and_the_environment_rejected(context, tmp_path):
     out = tmp_path / "library"
     again = RAISING_CODE.replace("Lists every book", "Lists all the books")
-    # the second draft first repeats the module that failed: it is asked for again, differently, not retried as it was
+    # the second draft first repeats the functions that failed: they are asked for again, differently, not retried as they were
     scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), module(RAISING_CODE), module(again), {"tools": DECLARED}])
     final = build(context, out, max_attempts=2)
     scripted.assert_consumed()  # no third draft, and no task proposer was asked
     calls = scripted.calls("builder")
     assert [c.temperature for c in calls[1:5:2]] == [None, None] and calls[4].temperature == 1.0
-    assert "def list_books" in calls[3].messages[0].content.split("Your previous module:")[1]
-    reasked = calls[4].messages[0].content.split("Your previous module:")[1]
-    assert "(none yet)" in reasked and "def list_books" not in reasked and "repeated the module that failed" in reasked
+    assert "def list_books" in calls[3].messages[0].content.split("Your previous functions:")[1]
+    reasked = calls[4].messages[0].content.split("Your previous functions:")[1]
+    assert "(none yet)" in reasked and "def list_books" not in reasked and "repeated the functions that failed" in reasked
     assert final["status"] == "rejected" and final.get("kept", []) == []
     assert decisions(final) == [("database", "city-library", 1, True), ("tools", "city-library", 1, False), ("tools", "city-library", 2, False)]
     assert json.loads((out / "construction.json").read_text())["status"] == "rejected"
