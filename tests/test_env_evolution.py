@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from envs.catalog import load_catalog
+from envs.catalog import load_catalog, load_parent
 from graphs import api
 from roles import scripted
 from roles.mutation_proposer import describe_parent
@@ -165,7 +165,7 @@ def test_cli_funnel_and_diagnosis_file(context, tmp_path, capsys):
 
 
 def test_the_proposer_reads_the_parent_with_its_tools_signatures_and_the_rows_the_reference_touches():
-    text = describe_parent(load_catalog(FIXTURES)[PARENT])
+    text = describe_parent(load_parent(PARENT, FIXTURES))
     assert "- get_item (read): Returns an item's name, price and stock. (sku: string)" in text
     assert "- reserve (write): Reserves units of an item for a customer. (sku: string, qty: integer)" in text
     assert '{"sku": "DR-220", "name": "Cordless drill", "price": 89.0, "stock": 2}' in text
