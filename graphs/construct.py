@@ -197,6 +197,8 @@ async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder",
     """Runs every declared call in the sandbox; accepts the tools, sends the problems back within
     `max_attempts`, or rejects the environment; writes `decisions`, `tools`, `feedback`, `status`."""
     problems, tools = await check_tools(state["out"])
+    if tools and all(t.read_only for t in tools):  # the coder was asked for the tools that change state; none came
+        problems.append("no tool changes state: add the @write_tool functions this environment needs")
     attempt = state["attempt"]
     decision = Decision(step="tools", subject=state["env_id"], attempt=attempt, accepted=not problems,
                         reasons=tuple(problems) or (f"{len(tools)} tools; every declared call behaves as declared",))

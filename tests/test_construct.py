@@ -577,3 +577,11 @@ def test_the_database_grows_with_rows_and_names_the_builder_adds(context, tmp_pa
     env = load_environment(out)
     assert sorted(r["title"] for r in env.rows["books"][4:]) == sorted(titles["values"])  # the builder's names, each once
     assert {r["branch_id"] for r in env.rows["books"]} <= {"B1", "B2", "B3", "B4", "B5"}
+
+
+def test_tools_that_change_nothing_are_sent_back(context, tmp_path):
+    scripted.register("builder", [LIBRARY, module(HEADER + LIST_BOOKS), {"tools": DECLARED[:1]}])
+    final = build(context, tmp_path / "library", max_attempts=1)
+    scripted.assert_consumed()
+    assert decisions(final)[-1] == ("tools", "city-library", 1, False)
+    assert final["decisions"][-1].reasons[-1] == "no tool changes state: add the @write_tool functions this environment needs"
