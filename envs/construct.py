@@ -407,6 +407,15 @@ def task_problems(draft: TaskDraft, tables: tuple[TableSpec, ...], tools: list[T
     return out
 
 
+def tidy_task(draft: TaskDraft) -> tuple[TaskDraft, list[str]]:
+    """The draft with its id made kebab-case and the answer checks its own instruction states dropped (a value the
+    request names, such as the id of the record it is about, checks nothing); and what was changed."""
+    stated = [c for c in draft.answer if c.value not in (None, ANY) and states(draft.instruction, c)]
+    task_id = re.sub(r"[^a-z0-9]+", "-", draft.id.casefold()).strip("-") or draft.id
+    notes = [f"answer check {c.name}={c.value!r} dropped: the instruction states it" for c in stated]
+    return draft.model_copy(update={"id": task_id, "answer": [c for c in draft.answer if c not in stated]}), notes
+
+
 def task_spec(draft: TaskDraft, calls: tuple[ToolCall, ...] = (), answer: str = "") -> TaskSpec:
     """The task in the pair file's `task` format, with a reference solution."""
     return TaskSpec(id=draft.id, instruction=draft.instruction, answer=tuple(draft.answer), state=tuple(draft.state),

@@ -39,8 +39,8 @@ from langgraph.types import Command, Send
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_parent
-from envs.construct import (database_problems, describe_database, example_write_tool, public_context, starting_module, task_problems, task_spec, tool_functions,
-                            write_database, write_tools_module)
+from envs.construct import (database_problems, describe_database, example_write_tool, public_context, starting_module, task_problems,
+                            task_spec, tidy_task, tool_functions, write_database, write_tools_module)
 from envs.grow import grow, naming_columns, referenced_first
 from envs.runtime import EnvInstance
 from envs.spec import SpecError, load_database, load_environment
@@ -92,6 +92,8 @@ class ConstructState(ConstructInput, ConstructOutput, total=False):
     previous: str
     tools: list[ToolInfo]
     drafts: list[TaskDraft]
+    task_attempt: int
+    task_feedback: str
     attempts: Annotated[dict[str, SolverAttempt], merge]
     verified: list[TaskSpec]
     targets: list[ProposalTarget]
@@ -210,26 +212,32 @@ async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder",
 
 
 async def task_proposer(state: ConstructState, runtime: Runtime[Context]) -> dict:
-    """Proposes tasks with their verification rules and keeps those that pass the pre-checks; writes `drafts`, `decisions`."""
+    """Proposes tasks with their verification rules (again, with the problems, when none passed) and keeps those that
+    pass the pre-checks, ids made kebab-case and checks the instruction states dropped; writes `drafts`, `decisions`,
+    `task_attempt`, `task_feedback`."""
     ctx, out = runtime.context, Path(state["out"])
+    attempt = state.get("task_attempt", 0) + 1
     database = await asyncio.to_thread(describe_database, out, PROPOSER_ROWS)
-    proposed, usage = await propose_tasks(database, state["tools"], state["tasks"], ctx.task_model, ctx.model_timeout_s)
+    proposed, usage = await propose_tasks(database, state["tools"], state["tasks"], state.get("task_feedback", ""), ctx.task_model,
+                                          ctx.model_timeout_s)
     _, tables, _ = await asyncio.to_thread(load_database, out)
-    drafts, decisions, seen = [], [], set()
+    drafts, decisions, seen, problems_all = [], [], set(), []
     for draft in proposed.tasks:
+        draft, notes = tidy_task(draft)
         problems = task_problems(draft, tables, state["tools"]) + ([f"task {draft.id}: a duplicate id"] if draft.id in seen else [])
         seen.add(draft.id)
         checks = len(draft.answer) + len(draft.state)
-        decisions.append(Decision(step="task_proposal", subject=draft.id, accepted=not problems,
-                                  reasons=tuple(problems) or (f"{checks} checks over existing tables, columns and tools",)))
+        decisions.append(Decision(step="task_proposal", subject=draft.id, attempt=attempt, accepted=not problems,
+                                  reasons=tuple(problems) or (f"{checks} checks over existing tables, columns and tools", *notes)))
+        problems_all += problems
         if not problems:
             drafts.append(draft)
-    return {"drafts": drafts, "decisions": decisions, "usage": [usage]}
+    return {"drafts": drafts, "decisions": decisions, "usage": [usage], "task_attempt": attempt, "task_feedback": _feedback(problems_all)}
 
 
 def fan_out_tasks(state: ConstructState) -> list[Send] | str:
     if not state["drafts"]:
-        return "recorder"
+        return "task_proposer" if state["task_attempt"] < state["max_attempts"] else "recorder"
     return [Send("solver", SolverInput(out=state["out"], task_id=d.id, instruction=d.instruction, max_turns=state["max_turns"]))
             for d in state["drafts"]]
 
@@ -392,7 +400,7 @@ def build_construct() -> StateGraph:
     builder.add_node("proposal", proposal_graph)
     builder.add_edge(START, "environment_builder")
     builder.add_edge("tool_coder", "tool_validator")
-    builder.add_conditional_edges("task_proposer", fan_out_tasks, ["solver", "recorder"])
+    builder.add_conditional_edges("task_proposer", fan_out_tasks, ["solver", "task_proposer", "recorder"])
     builder.add_edge("solver", "verifier")
     builder.add_edge("verifier", "task_reviewer")
     builder.add_edge("task_reviewer", "pair_planner")

@@ -15,7 +15,7 @@ from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 from envs.catalog import load_catalog, load_parent, task_ids
 from envs.certify import certify
 from envs.construct import (check_task, example_write_tool, module_code, public_context, run_call, stage_public, starting_module, task_perturbations,
-                            task_problems, task_spec, write_database, write_tools_module)
+                            task_problems, task_spec, tidy_task, write_database, write_tools_module)
 from envs.runtime import EnvInstance
 from envs.spec import load_database, load_environment, tool_infos
 from graphs import cli
@@ -439,6 +439,24 @@ def test_task_pre_checks_name_each_problem(tmp_path):
         "task Tide: the instruction says 'impossible'",
     ]
     assert task_problems(TaskDraft.model_validate(KEPT), tables, tools) == []
+    # the id is made kebab-case and the check the instruction states dropped, before the pre-checks run
+    tidied, notes = tidy_task(draft)
+    assert (tidied.id, [c.name for c in tidied.answer], notes) == ("tide", ["title"], ["answer check copies_left=1 dropped: the instruction states it"])
+    assert task_problems(tidied, tables, tools)[0] == "task tide: state.0.match.book is not a column of loans"
+
+
+def test_tasks_that_all_fail_the_pre_checks_are_proposed_again_with_the_problems(context, tmp_path):
+    scripted.register("builder", [LIBRARY, *coded(GOOD_TOOLS)])
+    scripted.register("proposer", [{"tasks": [UNKNOWN_TABLE]}, {"tasks": [KEPT]}])
+    scripted.register("solver", [librarian] * 3)
+    scripted.register("reviewer", [ACCEPT])
+    final = build(context, tmp_path / "library", max_attempts=2)
+    scripted.assert_consumed()
+    assert final["kept"] == ["lend-tide-atlas"]
+    assert [(d.subject, d.attempt, d.accepted) for d in final["decisions"] if d.step == "task_proposal"] == [
+        ("renew-loan", 1, False), ("lend-tide-atlas", 2, True)]
+    again = scripted.calls("proposer")[1].messages[0].content
+    assert "- task renew-loan: state.0.table 'renewals' is not a table (['books', 'branches', 'loans'])" in again
 
 
 def test_perturbations_swap_a_text_value_for_another_records_and_change_an_unwritten_table(tmp_path):
@@ -566,7 +584,7 @@ def test_the_database_grows_with_rows_and_names_the_builder_adds(context, tmp_pa
     branch_names = {"values": ["Northgate Branch"]}
     scripted.register("builder", [LIBRARY, more_branches, more_books, branch_names, titles, *coded(good)])
     scripted.register("proposer", [{"tasks": []}])
-    final = build(context, out, rows=30)
+    final = build(context, out, rows=30, max_attempts=1)
     scripted.assert_consumed()
     assert final["decisions"][0].reasons == (
         "3 tables, 12 rows (8 written; branches: 4 written, grown to 5 (no new name left to make); "
