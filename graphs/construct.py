@@ -325,14 +325,15 @@ async def task_reviewer(state: ConstructState, runtime: Runtime[Context]) -> dic
         usage.append(used)
         if review.accept:
             kept.append(task.id)
-            await asyncio.to_thread(_write_task, out, task)
+            await asyncio.to_thread(_write, out / "tasks", task)
     return {"kept": kept, "decisions": decisions, "usage": usage}
 
 
-def _write_task(out: Path, task: TaskSpec) -> None:
-    (out / "tasks").mkdir(exist_ok=True)
-    text = yaml.safe_dump(task.model_dump(mode="json", exclude_defaults=True), sort_keys=False, allow_unicode=True)
-    (out / "tasks" / f"{task.id}.yaml").write_text(text)
+def _write(folder: Path, record: TaskSpec | PairSpec) -> None:
+    """A task (into `tasks/`) or a pair (into `pairs/`) as the catalog's YAML."""
+    folder.mkdir(exist_ok=True)
+    text = yaml.safe_dump(record.model_dump(mode="json", exclude_defaults=True), sort_keys=False, allow_unicode=True)
+    (folder / f"{record.id}.yaml").write_text(text)
 
 
 async def pair_planner(state: ConstructState) -> dict:
@@ -369,15 +370,9 @@ async def pair_recorder(state: ConstructState) -> dict:
         if outcome.status == "certified":
             parent = await asyncio.to_thread(load_parent, target.parent, out)
             pair = parent.twin(outcome.pair_id, Mutation.model_validate(outcome.mutation))
-            await asyncio.to_thread(_write_pair, out, pair)
+            await asyncio.to_thread(_write, out / "pairs", pair)
             written.append(pair.id)
     return {"pairs_written": written, "decisions": decisions}
-
-
-def _write_pair(out: Path, pair: PairSpec) -> None:
-    (out / "pairs").mkdir(exist_ok=True)
-    text = yaml.safe_dump(pair.model_dump(mode="json", exclude_defaults=True), sort_keys=False, allow_unicode=True)
-    (out / "pairs" / f"{pair.id}.yaml").write_text(text)
 
 
 async def recorder(state: ConstructState) -> dict:
