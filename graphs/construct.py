@@ -90,6 +90,7 @@ class ConstructState(ConstructInput, ConstructOutput, total=False):
     attempt: int
     feedback: str
     previous: str
+    templated: bool  # the tools module holds the example write tool, not the coder's
     tools: list[ToolInfo]
     drafts: list[TaskDraft]
     task_attempt: int
@@ -171,28 +172,39 @@ def _same_code(a: str, b: str) -> bool:
 async def tool_coder(state: ConstructState, runtime: Runtime[Context]) -> dict:
     """Writes the tools module, the starting module with the tools the coder adds (given the database and the last
     problems), and the declared calls of the tools it added (the starting module's own come with it); a reply that
-    repeats the functions that failed is asked for again without them and hotter, not retried as it was; writes
-    `previous`, `attempt`."""
+    repeats the functions that failed is asked for again without them and hotter, not retried as it was; on the last
+    of several attempts the example write tool is taken instead, only declared by the coder; writes `previous`,
+    `attempt`, `templated`."""
     ctx, out = runtime.context, Path(state["out"])
     database = await asyncio.to_thread(describe_database, out)
     starting, declared = await asyncio.to_thread(starting_module, out)
     example = await asyncio.to_thread(example_write_tool, out)
     previous, feedback = state.get("previous", ""), state.get("feedback", "")
+    attempt = state.get("attempt", 0) + 1
+    if attempt == state["max_attempts"] and attempt > 1:  # the coder's own failed every time: the example tool, declared by it
+        draft, usages = await _declared(database, f"{starting.rstrip()}\n\n\n{example}\n", starting, declared, ctx)
+        await asyncio.to_thread(write_tools_module, draft, out)
+        return {"previous": example, "attempt": attempt, "usage": usages, "templated": True}
     added, usage = await code_tools(database, starting, example, previous, feedback, ctx.builder_model, ctx.model_timeout_s)
     usages = [usage]
     if previous and _same_code(added, previous):
         feedback += "\n- your last reply repeated the functions that failed, unchanged; write them again, differently"
         added, usage = await code_tools(database, starting, example, "", feedback, ctx.builder_model, ctx.model_timeout_s, temperature=1.0)
         usages.append(usage)
-    code = f"{starting.rstrip()}\n\n\n{added}"
+    draft, more = await _declared(database, f"{starting.rstrip()}\n\n\n{added}", starting, declared, ctx)
+    await asyncio.to_thread(write_tools_module, draft, out)
+    return {"previous": added, "attempt": attempt, "usage": usages + more, "templated": False}
+
+
+async def _declared(database: str, code: str, starting: str, declared: list, ctx: Context) -> tuple[ToolsDraft, list[UsageRecord]]:
+    """The module with its declarations: the starting module's own for its unchanged tools, the coder's for the rest."""
     functions, template = tool_functions(code), tool_functions(starting)
     kept = [d for d in declared if functions.get(d.name) == template.get(d.name)]
     new = [name for name in functions if name not in {d.name for d in kept}]
-    if new:
-        more, usage = await declare_tools(database, code, new, ctx.builder_model, ctx.model_timeout_s)
-        kept, usages = kept + more, usages + [usage]
-    await asyncio.to_thread(write_tools_module, ToolsDraft(code=code, tools=kept), out)
-    return {"previous": added, "attempt": state.get("attempt", 0) + 1, "usage": usages}
+    if not new:
+        return ToolsDraft(code=code, tools=kept), []
+    more, usage = await declare_tools(database, code, new, ctx.builder_model, ctx.model_timeout_s)
+    return ToolsDraft(code=code, tools=kept + more), [usage]
 
 
 async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder", "task_proposer", "recorder"]]:
@@ -202,8 +214,9 @@ async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder",
     if tools and all(t.read_only for t in tools):  # the coder was asked for the tools that change state; none came
         problems.append("no tool changes state: add the @write_tool functions this environment needs")
     attempt = state["attempt"]
+    shown = f"{len(tools)} tools" + (" (the coder's own write tools failed; the example one, declared by the coder)" if state.get("templated") else "")
     decision = Decision(step="tools", subject=state["env_id"], attempt=attempt, accepted=not problems,
-                        reasons=tuple(problems) or (f"{len(tools)} tools; every declared call behaves as declared",))
+                        reasons=tuple(problems) or (f"{shown}; every declared call behaves as declared",))
     if not problems:
         return Command(goto="task_proposer", update={"decisions": [decision], "tools": tools, "status": "built"})
     if attempt < state["max_attempts"]:

@@ -152,7 +152,7 @@ def context(tmp_path, monkeypatch):
 
 
 def build(context, out, **kw):
-    payload = {"theme": THEME, "out": str(out), "tasks": 3, "max_attempts": 2, "max_turns": 6, **kw}
+    payload = {"theme": THEME, "out": str(out), "tasks": 3, "max_attempts": 3, "max_turns": 6, **kw}
     checkpointed = builder.compile(checkpointer=InMemorySaver(), name="construct")
     return asyncio.run(checkpointed.ainvoke(payload, {"configurable": {"thread_id": "t"}}, context=context))
 
@@ -246,17 +246,24 @@ def test_the_solver_sees_only_the_instruction_the_public_context_and_the_public_
 def test_the_coding_loop_is_bounded_and_the_environment_rejected(context, tmp_path):
     out = tmp_path / "library"
     again = RAISING_CODE.replace("Lists every book", "Lists all the books")
-    # the second draft first repeats the functions that failed: they are asked for again, differently, not retried as they were
-    scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), module(RAISING_CODE), module(again), {"tools": DECLARED}])
-    final = build(context, out, max_attempts=2)
-    scripted.assert_consumed()  # no third draft, and no task proposer was asked
+    wrong = {"tools": [{"name": "add_loan", "read_only": False, "returns": {"type": "object"}, "changes": ["loans"],
+                        "valid": [{"book_id": "BK-99", "member": "Ada Park"}]}]}
+    # the second draft first repeats the functions that failed: they are asked for again, differently, not retried as
+    # they were; the third and last takes the example write tool, which the coder only declares (here, wrongly)
+    scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), module(RAISING_CODE), module(again), {"tools": DECLARED}, wrong])
+    final = build(context, out, max_attempts=3)
+    scripted.assert_consumed()  # no fourth draft, and no task proposer was asked
     calls = scripted.calls("builder")
     assert [c.temperature for c in calls[1:5:2]] == [None, None] and calls[4].temperature == 1.0
     assert "def list_books" in calls[3].messages[0].content.split("Your previous functions:")[1]
     reasked = calls[4].messages[0].content.split("Your previous functions:")[1]
     assert "(none yet)" in reasked and "def list_books" not in reasked and "repeated the functions that failed" in reasked
+    assert calls[6].method == "structured" and "def add_loan(db, book_id: str, member: str)" in calls[6].messages[0].content
+    assert calls[6].schema.model_json_schema()["$defs"]["Declared"]["properties"]["name"]["const"] == "add_loan"
     assert final["status"] == "rejected" and final.get("kept", []) == []
-    assert decisions(final) == [("database", "city-library", 1, True), ("tools", "city-library", 1, False), ("tools", "city-library", 2, False)]
+    assert decisions(final) == [("database", "city-library", 1, True), ("tools", "city-library", 1, False), ("tools", "city-library", 2, False),
+                                ("tools", "city-library", 3, False)]
+    assert 'add_loan({"book_id": "BK-99", "member": "Ada Park"}): declared valid but refused with not_found' in " ".join(final["decisions"][-1].reasons)
     assert json.loads((out / "construction.json").read_text())["status"] == "rejected"
     assert not (out / "tasks").exists()
 
@@ -603,3 +610,18 @@ def test_tools_that_change_nothing_are_sent_back(context, tmp_path):
     scripted.assert_consumed()
     assert decisions(final)[-1] == ("tools", "city-library", 1, False)
     assert final["decisions"][-1].reasons[-1] == "no tool changes state: add the @write_tool functions this environment needs"
+
+
+def test_the_last_attempt_takes_the_example_write_tool(context, tmp_path):
+    again = RAISING_CODE.replace("Lists every book", "Lists all the books")
+    adding = {"tools": [{"name": "add_loan", "read_only": False, "returns": {"type": "object", "required": ["loan_id"]}, "changes": ["loans"],
+                         "valid": [{"book_id": "BK-1", "member": "Ada Park"}],
+                         "invalid": [{"args": {"book_id": "BK-99", "member": "Ada Park"}, "error_code": "not_found"}]}]}
+    scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), *coded({**RAISING_TOOLS, "code": again}), adding])
+    scripted.register("proposer", [{"tasks": []}] * 3)
+    final = build(context, tmp_path / "library", max_attempts=3)
+    scripted.assert_consumed()
+    assert decisions(final)[1:4] == [("tools", "city-library", 1, False), ("tools", "city-library", 2, False), ("tools", "city-library", 3, True)]
+    assert final["decisions"][3].reasons == ("5 tools (the coder's own write tools failed; the example one, declared by the coder); "
+                                             "every declared call behaves as declared",)
+    assert list(tool_infos(load_environment(tmp_path / "library"))) == ["search_branches", "get_branch", "search_books", "get_book", "add_loan"]
