@@ -76,6 +76,22 @@ def database_problems(draft: DatabaseDraft) -> list[str]:
     return problems
 
 
+def drop_loose_references(draft: DatabaseDraft) -> tuple[DatabaseDraft, list[str]]:
+    """The draft without the references that name no column of its tables (a small model writes a status's values
+    there), and a note for each; a reference that names a column is left to the loader's checks."""
+    columns = {f"{t.name}.{c.name}" for t in draft.tables for c in t.columns}
+    notes, tables = [], []
+    for t in draft.tables:
+        kept = []
+        for c in t.columns:
+            if c.references is not None and c.references not in columns:
+                notes.append(f"tables.{t.name}.columns.{c.name}: reference {c.references!r} names no column; dropped")
+                c = c.model_copy(update={"references": None})
+            kept.append(c)
+        tables.append(t.model_copy(update={"columns": kept}))
+    return draft.model_copy(update={"tables": tables}), notes
+
+
 def _column(c) -> str:
     return f"{c.type}{'?' if c.nullable else ''}" + (f" -> {c.references}" if c.references else "")
 

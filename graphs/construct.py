@@ -39,7 +39,7 @@ from langgraph.types import Command, Send
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_parent
-from envs.construct import (database_problems, describe_database, example_write_tool, public_context, starting_module, task_problems,
+from envs.construct import (database_problems, describe_database, drop_loose_references, example_write_tool, public_context, starting_module, task_problems,
                             task_spec, tidy_task, tool_functions, write_database, write_tools_module)
 from envs.grow import grow, naming_columns, referenced_first
 from envs.runtime import EnvInstance
@@ -121,6 +121,7 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     attempt = state.get("attempt", 0) + 1
     draft, usage = await build_database(state["theme"], state.get("feedback", ""), ctx.builder_model, ctx.model_timeout_s)
     draft = draft.model_copy(update={"id": re.sub(r"[^a-z0-9]+", "-", draft.id.casefold()).strip("-")})  # "Library_Env": library-env
+    draft, dropped = drop_loose_references(draft)
     usage, grown, written = [usage], [], 0
     if state.get("rows") and not database_problems(draft):
         draft, more = await _top_up(draft, state["theme"], ctx)
@@ -136,7 +137,7 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     rows = sum(len(t.rows) for t in draft.tables)
     shown = f"{len(draft.tables)} tables, {rows} rows" + (f" ({written} written; {'; '.join(grown)})" if grown else "")
     decision = Decision(step="database", subject=draft.id, attempt=attempt, accepted=not problems,
-                        reasons=tuple(problems) or (f"{shown}; types, keys and references check",))
+                        reasons=tuple(problems) or (f"{shown}; types, keys and references check", *dropped))
     update = {"decisions": [decision], "usage": usage, "env_id": draft.id}
     if not problems:
         return Command(goto="tool_coder", update={**update, "attempt": 0, "feedback": ""})

@@ -4,7 +4,7 @@ kept, seeded, and a table that stops when its values run out."""
 
 import datetime as dt
 
-from envs.construct import database_problems, write_database
+from envs.construct import database_problems, drop_loose_references, write_database
 from envs.grow import grow, naming_columns
 from envs.spec import load_database
 from state.construction import DatabaseDraft
@@ -87,3 +87,12 @@ def test_a_database_with_secrets_or_a_self_reference_is_refused():
         "tables.members.columns.password_hash: an environment holds no secrets (passwords, tokens, card numbers); drop the column",
         "tables.members.columns.sponsor: refers to itself; a reference names another column",
     ]
+
+
+def test_a_reference_that_names_no_column_is_dropped():
+    status = {"name": "status", "type": "text", "references": "string: 'active', 'suspended'"}
+    members = {**MEMBERS, "columns": [*MEMBERS["columns"][:3], status, MEMBERS["columns"][4]]}
+    draft, notes = drop_loose_references(DatabaseDraft.model_validate({**DRAFT, "tables": [LOANS, members, TITLES]}))
+    assert notes == ["tables.members.columns.status: reference \"string: 'active', 'suspended'\" names no column; dropped"]
+    assert [c.references for c in draft.tables[1].columns] == [None] * 5
+    assert [c.references for c in draft.tables[0].columns][1:3] == ["members.member_id", "titles.title_id"]  # real ones stay
