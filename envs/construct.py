@@ -76,6 +76,44 @@ def database_problems(draft: DatabaseDraft) -> list[str]:
     return problems
 
 
+def coerce_rows(draft: DatabaseDraft) -> tuple[DatabaseDraft, list[str]]:
+    """The draft with each value that has the wrong type but one reading in its column's type converted (2 in a text
+    column: "2"; "12" in an integer column: 12; 3 in a real column: 3.0; "true" in a boolean column: true), with a
+    note per column; anything else is left to the loader's checks."""
+    notes, tables = [], []
+    for t in draft.tables:
+        rows, fixed = [], set()
+        for row in t.rows:
+            row = dict(row)
+            for c in t.columns:
+                value, converted = row.get(c.name), _converted(c.type, row.get(c.name))
+                if converted is not value:
+                    row[c.name] = converted
+                    fixed.add(c.name)
+            rows.append(row)
+        notes += [f"tables.{t.name}.columns.{name}: values of another type converted" for name in sorted(fixed)]
+        tables.append(t.model_copy(update={"rows": rows}))
+    return draft.model_copy(update={"tables": tables}), notes
+
+
+def _converted(kind: str, value):
+    if value is None:
+        return value
+    if kind == "text" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if kind == "integer" and isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value)
+    if kind == "real" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind == "real" and isinstance(value, str) and re.fullmatch(r"-?\d+(\.\d+)?", value.strip()):
+        return float(value)
+    if kind == "boolean" and isinstance(value, str) and value.strip().casefold() in ("true", "false"):
+        return value.strip().casefold() == "true"
+    if kind == "boolean" and value in (0, 1) and not isinstance(value, bool):
+        return bool(value)
+    return value
+
+
 def drop_loose_references(draft: DatabaseDraft) -> tuple[DatabaseDraft, list[str]]:
     """The draft without the references that name no column of its tables (a small model writes a status's values
     there), and a note for each; a reference that names a column is left to the loader's checks."""

@@ -39,7 +39,7 @@ from langgraph.types import Command, Send
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_parent
-from envs.construct import (database_problems, describe_database, drop_loose_references, example_write_tool, public_context, starting_module, task_problems,
+from envs.construct import (coerce_rows, database_problems, describe_database, drop_loose_references, example_write_tool, public_context, starting_module, task_problems,
                             task_spec, tidy_task, tool_functions, write_database, write_tools_module)
 from envs.grow import grow, naming_columns, referenced_first
 from envs.runtime import EnvInstance
@@ -122,6 +122,8 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     draft, usage = await build_database(state["theme"], state.get("feedback", ""), ctx.builder_model, ctx.model_timeout_s)
     draft = draft.model_copy(update={"id": re.sub(r"[^a-z0-9]+", "-", draft.id.casefold()).strip("-")})  # "Library_Env": library-env
     draft, dropped = drop_loose_references(draft)
+    draft, converted = coerce_rows(draft)
+    dropped += converted
     usage, grown, written = [usage], [], 0
     if state.get("rows") and not database_problems(draft):
         draft, more = await _top_up(draft, state["theme"], ctx)

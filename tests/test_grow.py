@@ -4,7 +4,7 @@ kept, seeded, and a table that stops when its values run out."""
 
 import datetime as dt
 
-from envs.construct import database_problems, drop_loose_references, write_database
+from envs.construct import coerce_rows, database_problems, drop_loose_references, write_database
 from envs.grow import grow, naming_columns
 from envs.spec import load_database
 from state.construction import DatabaseDraft
@@ -96,3 +96,10 @@ def test_a_reference_that_names_no_column_is_dropped():
     assert notes == ["tables.members.columns.status: reference \"string: 'active', 'suspended'\" names no column; dropped"]
     assert [c.references for c in draft.tables[1].columns] == [None] * 5
     assert [c.references for c in draft.tables[0].columns][1:3] == ["members.member_id", "titles.title_id"]  # real ones stay
+
+
+def test_values_of_another_type_with_one_reading_are_converted():
+    titles = {**TITLES, "rows": [{"title_id": "1", "title": 1984, "pages": 320, "price": 18}, {**TITLES["rows"][1], "pages": "many"}]}
+    draft, notes = coerce_rows(DatabaseDraft.model_validate({**DRAFT, "tables": [titles]}))
+    assert draft.tables[0].rows == [{"title_id": 1, "title": "1984", "pages": 320, "price": 18.0}, {**TITLES["rows"][1], "pages": "many"}]
+    assert notes == [f"tables.titles.columns.{c}: values of another type converted" for c in ("price", "title", "title_id")]
