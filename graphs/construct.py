@@ -182,10 +182,11 @@ async def tool_coder(state: ConstructState, runtime: Runtime[Context]) -> dict:
     database = await asyncio.to_thread(describe_database, out)
     starting, declared = await asyncio.to_thread(starting_module, out)
     example = await asyncio.to_thread(example_write_tool, out)
+    tables = [t.name for t in (await asyncio.to_thread(load_database, out))[1]]
     previous, feedback = state.get("previous", ""), state.get("feedback", "")
     attempt = state.get("attempt", 0) + 1
     if attempt == state["max_attempts"] and attempt > 1:  # the coder's own failed every time: the example tool, declared by it
-        draft, usages = await _declared(database, f"{starting.rstrip()}\n\n\n{example}\n", starting, declared, ctx)
+        draft, usages = await _declared(database, f"{starting.rstrip()}\n\n\n{example}\n", starting, declared, tables, ctx)
         await asyncio.to_thread(write_tools_module, draft, out)
         return {"previous": example, "attempt": attempt, "usage": usages, "templated": True}
     added, usage = await code_tools(database, starting, example, previous, feedback, ctx.builder_model, ctx.model_timeout_s)
@@ -194,19 +195,19 @@ async def tool_coder(state: ConstructState, runtime: Runtime[Context]) -> dict:
         feedback += "\n- your last reply repeated the functions that failed, unchanged; write them again, differently"
         added, usage = await code_tools(database, starting, example, "", feedback, ctx.builder_model, ctx.model_timeout_s, temperature=1.0)
         usages.append(usage)
-    draft, more = await _declared(database, f"{starting.rstrip()}\n\n\n{added}", starting, declared, ctx)
+    draft, more = await _declared(database, f"{starting.rstrip()}\n\n\n{added}", starting, declared, tables, ctx)
     await asyncio.to_thread(write_tools_module, draft, out)
     return {"previous": added, "attempt": attempt, "usage": usages + more, "templated": False}
 
 
-async def _declared(database: str, code: str, starting: str, declared: list, ctx: Context) -> tuple[ToolsDraft, list[UsageRecord]]:
+async def _declared(database: str, code: str, starting: str, declared: list, tables: list[str], ctx: Context) -> tuple[ToolsDraft, list[UsageRecord]]:
     """The module with its declarations: the starting module's own for its unchanged tools, the coder's for the rest."""
     functions, template = tool_functions(code), tool_functions(starting)
     kept = [d for d in declared if functions.get(d.name) == template.get(d.name)]
     new = [name for name in functions if name not in {d.name for d in kept}]
     if not new:
         return ToolsDraft(code=code, tools=kept), []
-    more, usage = await declare_tools(database, code, new, ctx.builder_model, ctx.model_timeout_s)
+    more, usage = await declare_tools(database, code, new, tables, ctx.builder_model, ctx.model_timeout_s)
     return ToolsDraft(code=code, tools=kept + more), [usage]
 
 

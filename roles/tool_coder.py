@@ -8,15 +8,16 @@ previous functions and the problems found by running them."""
 
 from __future__ import annotations
 
-from typing import Literal
+import ast
+from typing import Any, Literal
 
 from langchain_core.messages import HumanMessage
-from pydantic import create_model
+from pydantic import Field, create_model
 
 from envs.construct import module_code
 from prompts import render
 from roles.models import chat_model
-from state.construction import ToolDeclaration
+from state.construction import InvalidCall, ToolDeclaration
 from state.records import Record, UsageRecord
 
 CODE_MAX_TOKENS = 3000
@@ -32,14 +33,27 @@ async def tool_coder(database: str, starting: str, example: str, previous: str, 
     return module_code(str(done.message.content)), done.usage
 
 
-def declarations_schema(names: list[str]) -> type[Record]:
-    declared = create_model("Declared", __base__=ToolDeclaration, name=(Literal[tuple(names)], ...))  # type: ignore[valid-type]
-    return create_model("ToolDeclarations", __base__=Record, tools=(list[declared], ...))
+def declarations_schema(tools: dict[str, bool], tables: list[str]) -> type[Record]:
+    """Declarations of the named tools (`tools`: name → whether it takes arguments), one required entry each, whose
+    changed tables are the database's (a grammar enum) and which, for a tool with arguments, refuse at least one call."""
+    fields: dict[str, Any] = {}
+    for i, (name, takes_args) in enumerate(tools.items()):
+        declared = create_model(f"Declared{i}", __base__=ToolDeclaration, name=(Literal[name], name),  # type: ignore[valid-type]
+                                invalid=(list[InvalidCall], Field(min_length=1) if takes_args else Field(default_factory=list)),
+                                changes=(list[Literal[tuple(tables)]], Field(default_factory=list)))  # type: ignore[valid-type]
+        fields[f"t{i}"] = (declared, Field(alias=name))
+    return create_model("ToolDeclarations", __base__=Record, **fields)
 
 
-async def tool_declarations(database: str, code: str, names: list[str], model: str,
+def _takes_args(code: str, names: list[str]) -> dict[str, bool]:
+    functions = {f.name: f for f in ast.parse(code).body if isinstance(f, ast.FunctionDef)}
+    return {n: len(functions[n].args.args) + len(functions[n].args.kwonlyargs) > 1 for n in names}
+
+
+async def tool_declarations(database: str, code: str, names: list[str], tables: list[str], model: str,
                             timeout_s: float = 1800.0) -> tuple[list[ToolDeclaration], UsageRecord]:
     """How each named tool of the module behaves: its result's schema, calls that succeed and calls it refuses."""
     prompt = render("tool_declarations", database=database, code=code.rstrip(), names=", ".join(names))
-    reply, usage = await chat_model(model, role="tool_coder", timeout_s=timeout_s).structured([HumanMessage(prompt)], declarations_schema(names))
-    return [ToolDeclaration.model_validate(d.model_dump()) for d in reply.tools], usage
+    reply, usage = await chat_model(model, role="tool_coder", timeout_s=timeout_s).structured(
+        [HumanMessage(prompt)], declarations_schema(_takes_args(code, names), tables))
+    return [ToolDeclaration.model_validate(d.model_dump()) for d in dict(reply).values()], usage

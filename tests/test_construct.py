@@ -112,7 +112,12 @@ def module(code: str) -> str:
 
 def coded(tools: dict) -> list:
     """The tool coder's two calls: the module as code, then the declarations of the tools it added."""
-    return [module(tools["code"]), {"tools": tools["tools"]}]
+    return [module(tools["code"]), by_name(tools["tools"])]
+
+
+def by_name(declared: list[dict]) -> dict:
+    """The declarations reply: one entry per tool, keyed by its name."""
+    return {d["name"]: d for d in declared}
 
 
 ACCEPT = {"reasons": "a plausible request; the solution lends the named book and reports the copies left", "accept": True}
@@ -201,8 +206,12 @@ def test_environment_built_from_a_theme_loads_and_keeps_only_validated_tasks(con
     assert f"- {RAISING_PROBLEM}" in builder_prompts[4] and "/ 0" in builder_prompts[4]
     assert "def search_books(db, query: str)" in builder_prompts[2]  # the tool coder starts from a module that runs
     # the declarations are asked of the tools the module added, by their names: a grammar enum
-    names = scripted.calls("builder")[3].schema.model_json_schema()["$defs"]["Declared"]["properties"]["name"]["enum"]
-    assert names == ["get_book", "list_books", "lend_book", "list_branches"]  # get_book redefines the starting module's
+    schema = scripted.calls("builder")[3].schema.model_json_schema()
+    assert list(schema["properties"]) == ["get_book", "list_books", "lend_book", "list_branches"]  # get_book redefines the starting module's
+    assert schema["required"] == list(schema["properties"])  # one entry each
+    lend = schema["$defs"]["Declared2"]["properties"]
+    assert lend["invalid"]["minItems"] == 1 and lend["changes"]["items"]["enum"] == ["branches", "books", "loans"]  # a table, by the grammar
+    assert "minItems" not in schema["$defs"]["Declared1"]["properties"]["invalid"]  # list_books takes no argument to refuse
 
     env = load_environment(out)
     assert (env.id, env.theme, [t.name for t in env.tables]) == ("city-library", THEME, ["branches", "books", "loans"])
@@ -246,11 +255,11 @@ def test_the_solver_sees_only_the_instruction_the_public_context_and_the_public_
 def test_the_coding_loop_is_bounded_and_the_environment_rejected(context, tmp_path):
     out = tmp_path / "library"
     again = RAISING_CODE.replace("Lists every book", "Lists all the books")
-    wrong = {"tools": [{"name": "add_loan", "read_only": False, "returns": {"type": "object"}, "changes": ["loans"],
-                        "valid": [{"book_id": "BK-99", "member": "Ada Park"}]}]}
+    wrong = by_name([{"name": "add_loan", "read_only": False, "returns": {"type": "object"}, "changes": ["loans"],
+                      "valid": [{"book_id": "BK-99", "member": "Ada Park"}], "invalid": [{"args": {"book_id": "BK-1"}, "error_code": "x"}]}])
     # the second draft first repeats the functions that failed: they are asked for again, differently, not retried as
     # they were; the third and last takes the example write tool, which the coder only declares (here, wrongly)
-    scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), module(RAISING_CODE), module(again), {"tools": DECLARED}, wrong])
+    scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), module(RAISING_CODE), module(again), by_name(DECLARED), wrong])
     final = build(context, out, max_attempts=3)
     scripted.assert_consumed()  # no fourth draft, and no task proposer was asked
     calls = scripted.calls("builder")
@@ -259,7 +268,7 @@ def test_the_coding_loop_is_bounded_and_the_environment_rejected(context, tmp_pa
     reasked = calls[4].messages[0].content.split("Your previous functions:")[1]
     assert "(none yet)" in reasked and "def list_books" not in reasked and "repeated the functions that failed" in reasked
     assert calls[6].method == "structured" and "def add_loan(db, book_id: str, member: str)" in calls[6].messages[0].content
-    assert calls[6].schema.model_json_schema()["$defs"]["Declared"]["properties"]["name"]["const"] == "add_loan"
+    assert list(calls[6].schema.model_json_schema()["properties"]) == ["add_loan"]
     assert final["status"] == "rejected" and final.get("kept", []) == []
     assert decisions(final) == [("database", "city-library", 1, True), ("tools", "city-library", 1, False), ("tools", "city-library", 2, False),
                                 ("tools", "city-library", 3, False)]
@@ -605,7 +614,7 @@ def test_the_database_grows_with_rows_and_names_the_builder_adds(context, tmp_pa
 
 
 def test_tools_that_change_nothing_are_sent_back(context, tmp_path):
-    scripted.register("builder", [LIBRARY, module(HEADER + LIST_BOOKS), {"tools": DECLARED[:1]}])
+    scripted.register("builder", [LIBRARY, module(HEADER + LIST_BOOKS), by_name(DECLARED[:1])])
     final = build(context, tmp_path / "library", max_attempts=1)
     scripted.assert_consumed()
     assert decisions(final)[-1] == ("tools", "city-library", 1, False)
@@ -614,9 +623,9 @@ def test_tools_that_change_nothing_are_sent_back(context, tmp_path):
 
 def test_the_last_attempt_takes_the_example_write_tool(context, tmp_path):
     again = RAISING_CODE.replace("Lists every book", "Lists all the books")
-    adding = {"tools": [{"name": "add_loan", "read_only": False, "returns": {"type": "object", "required": ["loan_id"]}, "changes": ["loans"],
-                         "valid": [{"book_id": "BK-1", "member": "Ada Park"}],
-                         "invalid": [{"args": {"book_id": "BK-99", "member": "Ada Park"}, "error_code": "not_found"}]}]}
+    adding = by_name([{"name": "add_loan", "read_only": False, "returns": {"type": "object", "required": ["loan_id"]}, "changes": ["loans"],
+                       "valid": [{"book_id": "BK-1", "member": "Ada Park"}],
+                       "invalid": [{"args": {"book_id": "BK-99", "member": "Ada Park"}, "error_code": "not_found"}]}])
     scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), *coded({**RAISING_TOOLS, "code": again}), adding])
     scripted.register("proposer", [{"tasks": []}] * 3)
     final = build(context, tmp_path / "library", max_attempts=3)
