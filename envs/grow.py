@@ -30,7 +30,7 @@ MAX_TRIES = 40  # draws of a row from a template before the template is set asid
 SHIFT_DAYS = 365
 _DATE = re.compile(r"^(\d{4}-\d{2}-\d{2})(T[\d:.]+Z?)?$")
 _TOKEN = re.compile(r"[A-Za-z]+|\d+|[^A-Za-z\d]+")
-_CATEGORY = re.compile(r"[a-z][a-z0-9_]*")
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_'-]*")
 _PERSON = re.compile(r"(first|last|full|given|family|middle)_?name|surname|author|member|patron|customer|client|owner|guest|contact|"
                      r"person|instructor|teacher|student|doctor|patient|driver|employee|staff|passenger|tenant|borrower|rider|user", re.I)
 _LAST = re.compile(r"last|family|surname", re.I)
@@ -180,11 +180,14 @@ def _taken(value: str, seen: set[str]) -> bool:
 
 
 def _identifying(column: ColumnDraft, rows: list[dict]) -> bool:
-    """A text column whose written values are all distinct and are not words of a closed vocabulary (a status)."""
+    """A text column whose written values are all distinct and are not single words of a vocabulary that repeats (a
+    status, a brand, a condition), unless they are people's first or last names."""
     values = [r.get(column.name) for r in rows if isinstance(r.get(column.name), str)]
     if column.type != "text" or len(values) < 2 or len(set(values)) < len(values) or all(_DATE.match(v) for v in values):
         return False
-    return not all(_CATEGORY.fullmatch(v) for v in values)
+    if not all(_WORD.fullmatch(v) for v in values):
+        return True
+    return bool(_PERSON.search(column.name)) or sum(v in FIRST or v in LAST for v in values) * 2 >= len(values)
 
 
 def _words(text: str) -> list[str]:

@@ -103,3 +103,12 @@ def test_values_of_another_type_with_one_reading_are_converted():
     draft, notes = coerce_rows(DatabaseDraft.model_validate({**DRAFT, "tables": [titles]}))
     assert draft.tables[0].rows == [{"title_id": 1, "title": "1984", "pages": 320, "price": 18.0}, {**TITLES["rows"][1], "pages": "many"}]
     assert notes == [f"tables.titles.columns.{c}: values of another type converted" for c in ("price", "title", "title_id")]
+
+
+def test_single_words_that_repeat_are_kept_from_the_templates_but_first_names_are_drawn():
+    bikes = {"name": "bikes", "primary_key": "bike_id",
+             "columns": [{"name": "bike_id", "type": "integer"}, {"name": "brand", "type": "text"}, {"name": "rider", "type": "text"}],
+             "rows": [{"bike_id": 1, "brand": "Trek", "rider": "Ada"}, {"bike_id": 2, "brand": "Giant", "rider": "Omar"}]}
+    (table,), notes = grow(DatabaseDraft.model_validate({**DRAFT, "tables": [bikes]}).tables, 50, 1)
+    assert notes == ["bikes: 2 written, grown to 50"]
+    assert {r["brand"] for r in table.rows} == {"Trek", "Giant"} and len({r["rider"] for r in table.rows}) > 10
