@@ -215,9 +215,10 @@ def starting_module(directory: Path) -> tuple[str, list[ToolDeclaration]]:
     return "\n".join(code).rstrip() + "\n", declared
 
 
-def example_write_tool(directory: Path) -> str:
+def example_write_tool(directory: Path) -> tuple[str, ToolDeclaration]:
     """A state-changing tool over this database, for the tool coder to follow: an insert into the table tools would add
-    to (an empty one, else one that refers to others), checking that the rows it refers to exist."""
+    to (an empty one, else one that refers to others), checking that the rows it refers to exist; and its declaration
+    (a call with the first row's values, and one it refuses: a reference to no row, else an argument of another type)."""
     _, tables, rows = load_database(directory)
     refers = lambda t: [c for c in t.columns if c.references and c.references.split(".")[0] != t.name]  # noqa: E731
     table = min(tables, key=lambda t: (bool(rows[t.name]), not refers(t)))
@@ -235,9 +236,27 @@ def example_write_tool(directory: Path) -> str:
         key = [f'    taken = {{r["{pk}"] for r in find(db, "{table.name}")}}', "    n = len(taken) + 1",
                f'    while f"{head}{{n:0{width}d}}" in taken:', "        n += 1", f'    {pk} = f"{head}{{n:0{width}d}}"']
     values = ", ".join(f'"{c.name}": {c.name}' for c in table.columns)
-    return "\n".join(["@write_tool", f"def add_{_singular(table.name)}(db, {signature}) -> dict:",
+    name = f"add_{_singular(table.name)}"
+    code = "\n".join(["@write_tool", f"def {name}(db, {signature}) -> dict:",
                       f'    """Records a new {_singular(table.name).replace("_", " ")}.', "", "    Args:", *args, '    """', *checks, *key,
                       f'    db["{table.name}"].insert({{{values}}})', f'    return {{"{pk}": {pk}}}'])
+    first = rows[table.name][0] if rows[table.name] else {}
+    by_name = {t.name: t for t in tables}
+    valid = {}
+    for c in params:
+        parent, _, column = (c.references or "").partition(".")
+        referenced = rows.get(parent) if parent in by_name else None
+        valid[c.name] = referenced[0][column] if referenced else first.get(c.name, {"text": "example", "integer": 1, "real": 1.0,
+                                                                                     "boolean": True, "json": "{}"}[c.type])
+    if refers(table):
+        c = refers(table)[0]
+        refused = InvalidCall(args={**valid, c.name: -1 if c.type == "integer" else "NO-SUCH-KEY"}, error_code="not_found")
+    else:
+        c = params[0]
+        refused = InvalidCall(args={**valid, c.name: 12345 if c.type == "text" else "not a value"}, error_code="invalid_arguments")
+    declaration = ToolDeclaration(name=name, read_only=False, returns={"type": "object", "required": [pk]}, valid=[valid],
+                                  invalid=[refused] if params else [], changes=[table.name])
+    return code, declaration
 
 
 def tool_functions(code: str) -> dict[str, str]:

@@ -176,19 +176,19 @@ async def tool_coder(state: ConstructState, runtime: Runtime[Context]) -> dict:
     """Writes the tools module, the starting module with the tools the coder adds (given the database and the last
     problems), and the declared calls of the tools it added (the starting module's own come with it); a reply that
     repeats the functions that failed is asked for again without them and hotter, not retried as it was; on the last
-    of several attempts the example write tool is taken instead, only declared by the coder; writes `previous`,
+    of several attempts the example write tool is taken instead, with its own declaration; writes `previous`,
     `attempt`, `templated`."""
     ctx, out = runtime.context, Path(state["out"])
     database = await asyncio.to_thread(describe_database, out)
     starting, declared = await asyncio.to_thread(starting_module, out)
-    example = await asyncio.to_thread(example_write_tool, out)
+    example, example_declared = await asyncio.to_thread(example_write_tool, out)
     tables = [t.name for t in (await asyncio.to_thread(load_database, out))[1]]
     previous, feedback = state.get("previous", ""), state.get("feedback", "")
     attempt = state.get("attempt", 0) + 1
-    if attempt == state["max_attempts"] and attempt > 1:  # the coder's own failed every time: the example tool, declared by it
-        draft, usages = await _declared(database, f"{starting.rstrip()}\n\n\n{example}\n", starting, declared, tables, ctx)
+    if attempt == state["max_attempts"] and attempt > 1:  # the coder's own failed every time: the example tool, as declared
+        draft = ToolsDraft(code=f"{starting.rstrip()}\n\n\n{example}\n", tools=[*declared, example_declared])
         await asyncio.to_thread(write_tools_module, draft, out)
-        return {"previous": example, "attempt": attempt, "usage": usages, "templated": True}
+        return {"previous": example, "attempt": attempt, "usage": [], "templated": True}
     added, usage = await code_tools(database, starting, example, previous, feedback, ctx.builder_model, ctx.model_timeout_s)
     usages = [usage]
     if previous and _same_code(added, previous):
@@ -218,7 +218,7 @@ async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder",
     if tools and all(t.read_only for t in tools):  # the coder was asked for the tools that change state; none came
         problems.append("no tool changes state: add the @write_tool functions this environment needs")
     attempt = state["attempt"]
-    shown = f"{len(tools)} tools" + (" (the coder's own write tools failed; the example one, declared by the coder)" if state.get("templated") else "")
+    shown = f"{len(tools)} tools" + (" (the coder's own write tools failed; the example one written for this database)" if state.get("templated") else "")
     decision = Decision(step="tools", subject=state["env_id"], attempt=attempt, accepted=not problems,
                         reasons=tuple(problems) or (f"{shown}; every declared call behaves as declared",))
     if not problems:

@@ -252,29 +252,25 @@ def test_the_solver_sees_only_the_instruction_the_public_context_and_the_public_
     assert sorted(p.name for p in staged.iterdir()) == ["environment.yaml", "rows", "tools.checks.json", "tools.py"]
 
 
-def test_the_coding_loop_is_bounded_and_the_environment_rejected(context, tmp_path):
+def test_the_coding_loop_is_bounded_and_ends_with_the_example_write_tool(context, tmp_path):
     out = tmp_path / "library"
     again = RAISING_CODE.replace("Lists every book", "Lists all the books")
-    wrong = by_name([{"name": "add_loan", "read_only": False, "returns": {"type": "object"}, "changes": ["loans"],
-                      "valid": [{"book_id": "BK-99", "member": "Ada Park"}], "invalid": [{"args": {"book_id": "BK-1"}, "error_code": "x"}]}])
     # the second draft first repeats the functions that failed: they are asked for again, differently, not retried as
-    # they were; the third and last takes the example write tool, which the coder only declares (here, wrongly)
-    scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), module(RAISING_CODE), module(again), by_name(DECLARED), wrong])
+    # they were; the third and last takes the example write tool with its own declaration, and asks the coder nothing
+    scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), module(RAISING_CODE), module(again), by_name(DECLARED)])
+    scripted.register("proposer", [{"tasks": []}] * 3)
     final = build(context, out, max_attempts=3)
-    scripted.assert_consumed()  # no fourth draft, and no task proposer was asked
+    scripted.assert_consumed()  # no fourth draft
     calls = scripted.calls("builder")
     assert [c.temperature for c in calls[1:5:2]] == [None, None] and calls[4].temperature == 1.0
     assert "def list_books" in calls[3].messages[0].content.split("Your previous functions:")[1]
     reasked = calls[4].messages[0].content.split("Your previous functions:")[1]
     assert "(none yet)" in reasked and "def list_books" not in reasked and "repeated the functions that failed" in reasked
-    assert calls[6].method == "structured" and "def add_loan(db, book_id: str, member: str)" in calls[6].messages[0].content
-    assert list(calls[6].schema.model_json_schema()["properties"]) == ["add_loan"]
-    assert final["status"] == "rejected" and final.get("kept", []) == []
-    assert decisions(final) == [("database", "city-library", 1, True), ("tools", "city-library", 1, False), ("tools", "city-library", 2, False),
-                                ("tools", "city-library", 3, False)]
-    assert 'add_loan({"book_id": "BK-99", "member": "Ada Park"}): declared valid but refused with not_found' in " ".join(final["decisions"][-1].reasons)
-    assert json.loads((out / "construction.json").read_text())["status"] == "rejected"
-    assert not (out / "tasks").exists()
+    assert decisions(final)[:4] == [("database", "city-library", 1, True), ("tools", "city-library", 1, False), ("tools", "city-library", 2, False),
+                                    ("tools", "city-library", 3, True)]
+    assert final["decisions"][3].reasons == ("5 tools (the coder's own write tools failed; the example one written for this database); "
+                                             "every declared call behaves as declared",)
+    assert list(tool_infos(load_environment(out))) == ["search_branches", "get_branch", "search_books", "get_book", "add_loan"]
 
 
 def test_the_database_loop_is_bounded(context, tmp_path):
@@ -543,12 +539,12 @@ def test_the_starting_module_runs_and_names_the_table_no_tool_touches(tmp_path):
     assert [r["title"] for r in EnvInstance(env).call("search_books", {"query": "tide ATLAS"}).output] == ["The Tide Atlas"]
     assert module(code).count("```") == 2 and module_code(module(code)) == code
     assert module_code("no fence, only code\n") == "no fence, only code\n"
-    # the write tool the coder is shown is written for this database, and runs: with it the module validates
-    example = example_write_tool(out)
+    # the write tool the coder is shown is written for this database, and runs as its own declaration says
+    example, adding = example_write_tool(out)
     assert example.splitlines()[1] == "def add_loan(db, book_id: str, member: str) -> dict:"
-    adding = {"name": "add_loan", "read_only": False, "returns": {"type": "object", "required": ["loan_id"]}, "changes": ["loans"],
-              "valid": [{"book_id": "BK-1", "member": "Ada Park"}], "invalid": [{"args": {"book_id": "BK-99", "member": "Ada Park"}, "error_code": "not_found"}]}
-    write_tools_module(ToolsDraft.model_validate({"code": code + "\n\n" + example + "\n", "tools": [*declared, adding]}), out)
+    assert (adding.valid, [(i.args, i.error_code) for i in adding.invalid], adding.changes) == (
+        [{"book_id": "BK-1", "member": "example"}], [({"book_id": "NO-SUCH-KEY", "member": "example"}, "not_found")], ["loans"])
+    write_tools_module(ToolsDraft(code=code + "\n\n" + example + "\n", tools=[*declared, adding]), out)
     assert asyncio.run(check_tools(out))[0] == []
     lent = run_call(load_environment(out), "add_loan", {"book_id": "BK-2", "member": "Ben Ode"})
     assert lent.observation.output == {"loan_id": "LOA-0001"}
@@ -619,18 +615,3 @@ def test_tools_that_change_nothing_are_sent_back(context, tmp_path):
     scripted.assert_consumed()
     assert decisions(final)[-1] == ("tools", "city-library", 1, False)
     assert final["decisions"][-1].reasons[-1] == "no tool changes state: add the @write_tool functions this environment needs"
-
-
-def test_the_last_attempt_takes_the_example_write_tool(context, tmp_path):
-    again = RAISING_CODE.replace("Lists every book", "Lists all the books")
-    adding = by_name([{"name": "add_loan", "read_only": False, "returns": {"type": "object", "required": ["loan_id"]}, "changes": ["loans"],
-                       "valid": [{"book_id": "BK-1", "member": "Ada Park"}],
-                       "invalid": [{"args": {"book_id": "BK-99", "member": "Ada Park"}, "error_code": "not_found"}]}])
-    scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), *coded({**RAISING_TOOLS, "code": again}), adding])
-    scripted.register("proposer", [{"tasks": []}] * 3)
-    final = build(context, tmp_path / "library", max_attempts=3)
-    scripted.assert_consumed()
-    assert decisions(final)[1:4] == [("tools", "city-library", 1, False), ("tools", "city-library", 2, False), ("tools", "city-library", 3, True)]
-    assert final["decisions"][3].reasons == ("5 tools (the coder's own write tools failed; the example one, declared by the coder); "
-                                             "every declared call behaves as declared",)
-    assert list(tool_infos(load_environment(tmp_path / "library"))) == ["search_branches", "get_branch", "search_books", "get_book", "add_loan"]
