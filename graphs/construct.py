@@ -115,15 +115,17 @@ def _feedback(problems: list[str]) -> str:
 
 
 async def environment_builder(state: ConstructState, runtime: Runtime[Context]) -> Command[Literal["environment_builder", "tool_coder", "recorder"]]:
-    """Drafts the database and writes it to the output directory; on problems, drafts again within
-    `max_attempts`; writes `decisions`, `env_id`, `attempt`, `feedback`."""
+    """Drafts the database (an id made kebab-case, references naming no column dropped, values of another type with
+    one reading converted), gives short tables more rows and naming columns new names from the builder, grows the
+    tables to `rows`, and writes it to the output directory; on problems, drafts again within `max_attempts`; writes
+    `decisions`, `env_id`, `attempt`, `feedback`."""
     ctx, out = runtime.context, Path(state["out"])
     attempt = state.get("attempt", 0) + 1
     draft, usage = await build_database(state["theme"], state.get("feedback", ""), ctx.builder_model, ctx.model_timeout_s)
     draft = draft.model_copy(update={"id": re.sub(r"[^a-z0-9]+", "-", draft.id.casefold()).strip("-")})  # "Library_Env": library-env
-    draft, dropped = drop_loose_references(draft)
+    draft, notes = drop_loose_references(draft)
     draft, converted = coerce_rows(draft)
-    dropped += converted
+    notes += converted
     usage, grown, written = [usage], [], 0
     if state.get("rows") and not database_problems(draft):
         draft, more = await _top_up(draft, state["theme"], ctx)
@@ -139,7 +141,7 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     rows = sum(len(t.rows) for t in draft.tables)
     shown = f"{len(draft.tables)} tables, {rows} rows" + (f" ({written} written; {'; '.join(grown)})" if grown else "")
     decision = Decision(step="database", subject=draft.id, attempt=attempt, accepted=not problems,
-                        reasons=tuple(problems) or (f"{shown}; types, keys and references check", *dropped))
+                        reasons=tuple(problems) or (f"{shown}; types, keys and references check", *notes))
     update = {"decisions": [decision], "usage": usage, "env_id": draft.id}
     if not problems:
         return Command(goto="tool_coder", update={**update, "attempt": 0, "feedback": ""})
