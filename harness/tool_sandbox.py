@@ -88,21 +88,16 @@ def main(argv: list[str]) -> None:
     if command == "check":
         problems, tools = tool_problems(directory)
         channel.send({"problems": problems, "tools": [t.model_dump(mode="json") for t in tools]})
-    elif command == "verify":
-        task = TaskSpec.model_validate_json(Path(directory, argv[2]).read_text())
-        try:
-            env = load_environment(directory)
-        except SpecError as exc:
-            channel.send({"error": str(exc)})
-            return
+        return
+    task = TaskSpec.model_validate_json(Path(directory, argv[2]).read_text())
+    try:
+        env = load_environment(directory)
+    except SpecError as exc:
+        channel.send({"error": str(exc)})
+        return
+    if command == "verify":
         channel.send(run_task_check(env, task).model_dump(mode="json"))
     elif command == "menu":
-        task = TaskSpec.model_validate_json(Path(directory, argv[2]).read_text())
-        try:
-            env = load_environment(directory)
-        except SpecError as exc:
-            channel.send({"error": str(exc)})
-            return
         options = menu(env, Parent(task.id, env, task, (), Path(directory)))
         channel.send({"options": [{"id": o.id, "category": o.category, "operation": o.operation, "summary": o.summary,
                                    "mutation": o.mutation.model_dump(mode="json")} for o in options]})
