@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import shlex
 import sys
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 from rich.tree import Tree
 
@@ -37,6 +38,7 @@ from graphs.coevolution import CONFIGS, PRESETS
 from graphs.metrics import LABELS, MIN_CI_PAIRS, NAMES, over_abstains, paired_difference
 from graphs.selection import GATE_LEVEL, gate_warning, min_pairs
 from graphs.metrics import Metrics
+from graphs.progress import Lines, progress
 from graphs.report import (
     LINEAGE_SCORES,
     TIER_COLUMNS,
@@ -289,15 +291,14 @@ def envs_certify(args: argparse.Namespace) -> int:
         chosen = [_entry(args, pair_id) for pair_id in args.pairs]
     ledger = Ledger(args.ledger)
     certs = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
-        task = progress.add_task("certifying", total=len(chosen))
+    with progress(console, transient=True) as bars:
+        task = bars.add_task("certifying", total=len(chosen))
         for entry in chosen:
-            progress.update(task, description=f"certifying {entry.pair.id}")
+            bars.update(task, description=f"certifying · {entry.pair.id}")
             cert = certify(entry.pair, entry.env, args.rescue_budget)
             ledger.record_certification(cert)
             certs.append(cert)
-            progress.advance(task)
+            bars.advance(task)
     if args.all:
         problems = [str(e) for e in errors] + catalog_problems(entries, quotas=args.quotas or builtin_catalog(args.catalog))
     else:  # the named pairs' values must not show in their environment's public text either
@@ -359,8 +360,9 @@ def envs_build(args: argparse.Namespace) -> int:
     reachable(*role_specs(args, "builder_model", "task_model", "solver_model", "proposer_model", "reviewer_model"))
     steps: dict[str, float] = {}
     last = [time.monotonic()]
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
-        bar = progress.add_task("environment_builder")
+    args.run_id = announce(args)
+    with progress(console, bar=False) as bars:
+        bar = bars.add_task("environment_builder")
 
         def on_event(node: str, value: dict) -> None:
             now = time.monotonic()
@@ -369,7 +371,7 @@ def envs_build(args: argparse.Namespace) -> int:
             for d in value.get("decisions", []):
                 mark = "[green]accepted[/]" if d.accepted else "[yellow]rejected[/]"
                 say(f"{mark} {d.step} {escape(d.subject)} (attempt {d.attempt}): {escape('; '.join(d.reasons))[:400]}")
-            progress.update(bar, description=f"{node} done")
+            bars.update(bar, description=f"{node} done")
 
         run_id, final = asyncio.run(api.build_environment(
             args.theme, str(out.resolve()), context, tasks=args.tasks, max_attempts=args.max_attempts,
@@ -481,13 +483,13 @@ def run_eval(args: argparse.Namespace) -> int:
     context = Context(agent_model=args.model, judge_model=judge, catalog=catalog,
                       ledger=args.ledger, max_infra_retries=args.retries, max_turns=args.max_turns)
     total = 2 * len(pair_ids) * args.trials
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
-        bar = progress.add_task(f"{args.harness} × {args.model}", total=total)
+    args.run_id = announce(args)
+    with progress(console) as bars:
+        bar = bars.add_task(f"{args.harness} × {args.model}", total=total)
 
         def advance(record: EpisodeRecord) -> None:
             mark = "✓" if record.grade and record.grade.success else ("!" if record.status != "done" else "✗")
-            progress.update(bar, advance=1, description=f"{args.harness} × {args.model}  {record.pair_id}/{record.key.side} {mark}")
+            bars.update(bar, advance=1, description=f"{args.harness} × {args.model} · {record.pair_id}/{record.key.side} {mark}")
 
         try:
             run_id, metrics = asyncio.run(api.evaluate(args.harness, pair_ids, context, trials=args.trials, seed=args.seed,
@@ -697,20 +699,21 @@ def evolve_harness(args: argparse.Namespace) -> int:
                            "validation" if args.rule == "hera" else "training")
     if warning:
         say(f"[yellow]note:[/] {warning}")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
-        bar = progress.add_task("evaluating the starting harness", total=per_eval * (args.candidates + 1))
+    args.run_id = announce(args)
+    with progress(console) as bars:
+        bar = bars.add_task("evaluating the starting harness", total=per_eval * (args.candidates + 1))
 
         def on_event(node: str, value: dict) -> None:
             if node == "episode":
                 mark = "✓" if value["success"] else ("!" if value["status"] != "done" else "✗")
-                progress.update(bar, advance=1, description=f"{value['bundle']}  {value['episode']}/{value['side']} {mark}")
+                bars.update(bar, advance=1, description=f"evaluating {value['bundle']} · {value['episode']}/{value['side']} {mark}")
             elif node == "bundle_checks":
                 for entry in value.get("lineage", {}).values():
                     if entry.problems:
-                        progress.update(bar, advance=per_eval)
+                        bars.update(bar, advance=per_eval)
                         say(f"[yellow]{entry.bundle_id} rejected:[/] {escape('; '.join(entry.problems))}")
             elif node in ("failure_analyst", "fdcr", "harness_optimizer"):
-                progress.update(bar, description=f"{node} done")
+                bars.update(bar, description=f"{node} done")
 
         try:
             run_id, final = asyncio.run(api.evolve_harness(
@@ -767,8 +770,9 @@ def evolve_envs(args: argparse.Namespace) -> int:
                       proposals=args.proposals, catalog=args.catalog, ledger=args.ledger, max_turns=args.max_turns)
     reachable(("--model", args.model), *role_specs(args, "judge_model", "proposer_model", "reviewer_model"))
     diagnosis = load_diagnosis(args.diagnosis, context, args.catalog)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("designing proposals")
+    args.run_id = announce(args)
+    with progress(console, bar=False) as bars:
+        task = bars.add_task("designing proposals")
 
         def on_event(node: str, value: dict) -> None:
             for outcome in value.get("outcomes", {}).values():
@@ -777,7 +781,7 @@ def evolve_envs(args: argparse.Namespace) -> int:
             for s in value.get("screenings", []):
                 say(f"batch {'admitted' if s['admitted'] else 'not admitted'}: failed to abstain on "
                               f"{len(s['failed_to_abstain'])}/{len(s['batch'])} (needed {s['needed']})")
-            progress.update(task, description=f"{node} done")
+            bars.update(task, description=f"{node} done")
 
         run_id, final = asyncio.run(api.evolve_envs(
             parents, diagnosis, context, harness=args.harness, proposers=args.proposers, max_refinements=args.max_refinements,
@@ -884,14 +888,14 @@ def transfer(args: argparse.Namespace) -> int:
     bundle = bundle_ref(args.ledger, args.harness)
     harness = load_bundle(bundle)
     results = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as progress:
-        bar = progress.add_task(f"{harness.id} across {len(models)} models", total=2 * len(pair_ids) * args.trials * len(models))
+    with progress(console) as bars:
+        bar = bars.add_task(f"{harness.id} across {len(models)} models", total=2 * len(pair_ids) * args.trials * len(models))
         for model in models:
             context = Context(agent_model=model, judge_model=judge, catalog=args.catalog, ledger=args.ledger, max_infra_retries=args.retries)
 
             def advance(record: EpisodeRecord, model: str = model) -> None:
                 mark = "✓" if record.grade and record.grade.success else ("!" if record.status != "done" else "✗")
-                progress.update(bar, advance=1, description=f"{harness.id} × {model}  {record.pair_id}/{record.key.side} {mark}")
+                bars.update(bar, advance=1, description=f"{harness.id} × {model} · {record.pair_id}/{record.key.side} {mark}")
 
             try:
                 run_id, metrics = asyncio.run(api.evaluate(bundle, pair_ids, context, trials=args.trials, seed=args.seed,
@@ -950,16 +954,16 @@ def _protocol(args: argparse.Namespace) -> tuple[dict, dict[str, list[str]]]:
 
 
 def _method(name: str, args: argparse.Namespace, settings: dict, pairs: dict[str, list[str]], context: Context,
-            progress: Progress) -> dict:
+            bars: Progress | Lines) -> dict:
     """Runs one compared method on the protocol; its run id, final harness and bench metrics."""
     config = CONFIGS[name]
-    bar = progress.add_task(f"{name}: starting", total=None)
+    bar = bars.add_task(f"{name}: starting", total=None)
     episodes = Counter()
 
     def on_episode(event: dict) -> None:
         episodes["done"] += 1
         mark = "✓" if event["success"] else ("!" if event["status"] != "done" else "✗")
-        progress.update(bar, description=f"{name}: {stage[0]} · episode {episodes['done']}: {event['episode']}/{event['side']} {mark}")
+        bars.update(bar, description=f"{name}: {stage[0]} · episode {episodes['done']}: {event['episode']}/{event['side']} {mark}")
 
     stage = ["scoring" if "static" in config else "setup"]
     run_id = f"{args.run_id}-{name}" if args.run_id and args.command == "compare" else args.run_id
@@ -970,7 +974,7 @@ def _method(name: str, args: argparse.Namespace, settings: dict, pairs: dict[str
         if node == "episode":
             return on_episode(value)
         stage[0] = nexts.get(node, node)
-        progress.update(bar, description=f"{name}: {stage[0]}")
+        bars.update(bar, description=f"{name}: {stage[0]}")
 
     if "static" in config:
         run_id, metrics = asyncio.run(api.evaluate(config["static"], pairs["bench"] or pairs["validation"], context,
@@ -983,7 +987,7 @@ def _method(name: str, args: argparse.Namespace, settings: dict, pairs: dict[str
             run_id=run_id, on_event=on_event))
         bench = next((r["bench"] for r in final.get("results", []) if r["round"] == "bench"), None)
         result = {"run_id": run_id, "harness": final.get("harness"), "bench": bench, "pool": final.get("pool", [])}
-    progress.update(bar, description=f"{name}: done ({result['run_id']})", total=1, completed=1)
+    bars.update(bar, description=f"{name}: done ({result['run_id']})", total=1, completed=1)
     return result
 
 
@@ -992,10 +996,6 @@ def _method_context(args: argparse.Namespace, settings: dict) -> Context:
     return Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
                    optimizer_model=args.model, proposer_model=args.model, reviewer_model=args.model, proposals=args.proposals,
                    catalog=args.catalog, ledger=args.ledger, max_turns=settings.pop("max_turns"))
-
-
-def _progress() -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
 
 
 def _gate_note(settings: dict, pairs: dict[str, list[str]]) -> None:
@@ -1009,8 +1009,9 @@ def coevolve(args: argparse.Namespace) -> int:
     settings, pairs = _protocol(args)
     context = _method_context(args, settings)
     _gate_note(settings, pairs)
-    with _progress() as progress:
-        result = _method(args.config, args, settings, pairs, context, progress)
+    args.run_id = announce(args)
+    with progress(console, bar=False) as bars:
+        result = _method(args.config, args, settings, pairs, context, bars)
     paths = write_report(build_report(Ledger(args.ledger), result["run_id"]), runs_dir() / "reports" / result["run_id"])
     if args.json:
         print(json.dumps({**result, "report": {k: str(v) for k, v in paths.items()}}, indent=1, default=str))
@@ -1031,8 +1032,9 @@ def compare(args: argparse.Namespace) -> int:
     settings, pairs = _protocol(args)
     context = _method_context(args, settings)
     _gate_note(settings, pairs)
-    with _progress() as progress:
-        results = {name: _method(name, args, settings, pairs, context, progress) for name in args.configs}
+    args.run_id = announce(args)  # each method's run is this id with the method's name
+    with progress(console, bar=False) as bars:
+        results = {name: _method(name, args, settings, pairs, context, bars) for name in args.configs}
     if args.json:
         print(json.dumps(results, indent=1, default=str))
         return 0
@@ -1301,8 +1303,18 @@ PROPOSALS_HELP = ("menu: proposers choose one of the changes derived from the pa
 CATALOG_COMMANDS = ("eval", "evolve-harness", "evolve-envs", "coevolve", "compare", "transfer")
 
 
+def announce(args: argparse.Namespace) -> str:
+    """Says, before a long command starts, its run id (the one given, else a new one) and how to resume it."""
+    run_id = args.run_id or api.new_run_id()
+    argv = [a for i, a in enumerate(args.argv) if a != "--run-id" and not a.startswith("--run-id=")
+            and (i == 0 or args.argv[i - 1] != "--run-id")]
+    say(f"run {run_id}; to resume it: `hera {escape(shlex.join([*argv, '--run-id', run_id]))}`")
+    return run_id
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.command in ("eval", "evolve-harness", "evolve-envs", "transfer", "coevolve", "compare"):
         api.tune_gc()
     try:

@@ -231,7 +231,7 @@ async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder",
 
 
 async def task_proposer(state: ConstructState, runtime: Runtime[Context]) -> dict:
-    """Proposes tasks with their verification rules (again, with the problems, when none passed) and keeps those that
+    """Proposes tasks with their verification rules (again, with every problem found, while none is kept) and keeps those that
     pass the pre-checks, ids made kebab-case and checks the instruction states dropped; writes `drafts`, `decisions`,
     `task_attempt`, `task_feedback`."""
     ctx, out = runtime.context, Path(state["out"])
@@ -304,22 +304,31 @@ async def _verification(out: Path, task: TaskSpec, attempt: SolverAttempt) -> tu
 
 async def verifier(state: ConstructState) -> dict:
     """Replays each solver attempt in the sandbox and passes a task on when its verifier accepts the replay and
-    rejects every perturbed outcome; writes `verified`, `decisions`."""
-    out = Path(state["out"])
-    decisions, verified = [], []
+    rejects every perturbed outcome; the problems of the others go into the task proposer's feedback; writes
+    `verified`, `decisions`, `task_feedback`."""
+    out, round_ = Path(state["out"]), state["task_attempt"]
+    decisions, verified, problems_all = [], [], []
     for draft in state["drafts"]:
         attempt = state["attempts"][draft.id]
         finished = attempt.termination == "final_answer"
         ran = f"{attempt.termination}: {len(attempt.observations)} calls" + (f"; {attempt.error}" if attempt.error else "")
-        decisions.append(Decision(step="solver", subject=draft.id, accepted=finished, reasons=(f"{ran}; answer {attempt.answer[:300]!r}",)))
+        decisions.append(Decision(step="solver", subject=draft.id, attempt=round_, accepted=finished,
+                                  reasons=(f"{ran}; answer {attempt.answer[:300]!r}",)))
         if not finished:
+            problems_all.append(f"task {draft.id}: a solver given only the instruction and the tools did not finish it ({ran[:200]})")
             continue
         task = task_spec(draft, tuple(ToolCall(tool=o.tool, args=o.args) for o in attempt.observations if o.ok), attempt.answer)
         problems, shown = await _verification(out, task, attempt)
-        decisions.append(Decision(step="verification", subject=draft.id, accepted=not problems, reasons=tuple(problems) or (shown,)))
+        decisions.append(Decision(step="verification", subject=draft.id, attempt=round_, accepted=not problems,
+                                  reasons=tuple(problems) or (shown,)))
+        problems_all += [f"task {draft.id}: {p}" for p in problems]
         if not problems:
             verified.append(task)
-    return {"verified": verified, "decisions": decisions}
+    return {"verified": verified, "decisions": decisions, "task_feedback": _more(state.get("task_feedback", ""), problems_all)}
+
+
+def _more(feedback: str, problems: list[str]) -> str:
+    return "\n".join(filter(None, (feedback, _feedback(problems))))
 
 
 def _solution(task: TaskSpec, attempt: SolverAttempt) -> str:
@@ -336,16 +345,24 @@ async def task_reviewer(state: ConstructState, runtime: Runtime[Context]) -> dic
     answers) and keeps the accepted ones in `tasks/`; writes `kept`, `decisions`, `usage`."""
     ctx, out = runtime.context, Path(state["out"])
     context = await asyncio.to_thread(public_context, out)
-    decisions, kept, usage = [], [], []
+    decisions, kept, usage, rejected = [], [], [], []
     for task in state.get("verified", []):
         review, used = await review_task(context, describe_tools(state["tools"]), _solution(task, state["attempts"][task.id]),
                                          ctx.reviewer_model, ctx.model_timeout_s)
-        decisions.append(Decision(step="task_review", subject=task.id, accepted=review.accept, reasons=(review.reasons,)))
+        decisions.append(Decision(step="task_review", subject=task.id, attempt=state["task_attempt"], accepted=review.accept,
+                                  reasons=(review.reasons,)))
         usage.append(used)
         if review.accept:
             kept.append(task.id)
             await asyncio.to_thread(_write, out / "tasks", task)
-    return {"kept": kept, "decisions": decisions, "usage": usage}
+        else:
+            rejected.append(f"task {task.id}: a reviewer rejected it: {review.reasons[:300]}")
+    return {"kept": kept, "decisions": decisions, "usage": usage, "task_feedback": _more(state.get("task_feedback", ""), rejected)}
+
+
+def after_review(state: ConstructState) -> str:
+    """Tasks are proposed again, with every problem found, while none was kept and attempts remain."""
+    return "task_proposer" if not state.get("kept") and state["task_attempt"] < state["max_attempts"] else "pair_planner"
 
 
 def _write(folder: Path, record: TaskSpec | PairSpec) -> None:
@@ -417,7 +434,7 @@ def build_construct() -> StateGraph:
     builder.add_conditional_edges("task_proposer", fan_out_tasks, ["solver", "task_proposer", "recorder"])
     builder.add_edge("solver", "verifier")
     builder.add_edge("verifier", "task_reviewer")
-    builder.add_edge("task_reviewer", "pair_planner")
+    builder.add_conditional_edges("task_reviewer", after_review, ["task_proposer", "pair_planner"])
     builder.add_conditional_edges("pair_planner", fan_out_mutations, ["proposal", "pair_recorder"])
     builder.add_edge("proposal", "pair_recorder")
     builder.add_edge("pair_recorder", "recorder")

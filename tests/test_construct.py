@@ -471,6 +471,22 @@ def test_tasks_that_all_fail_the_pre_checks_are_proposed_again_with_the_problems
     assert "- task renew-loan: state.0.table 'renewals' is not a table (['books', 'branches', 'loans'])" in again
 
 
+def test_tasks_that_fail_verification_or_review_are_proposed_again_with_what_went_wrong(context, tmp_path):
+    scripted.register("builder", [LIBRARY, *coded(GOOD_TOOLS)])
+    scripted.register("proposer", [{"tasks": [LOOSE, KEPT]}, {"tasks": [KEPT]}])
+    scripted.register("solver", [librarian] * 9)
+    scripted.register("reviewer", [{"reasons": "nobody asks for copies left", "accept": False}, ACCEPT])
+    final = build(context, tmp_path / "library", max_attempts=2)
+    scripted.assert_consumed()
+    assert final["kept"] == ["lend-tide-atlas"]
+    assert [(s, n, a, ok) for s, n, a, ok in decisions(final) if s in ("verification", "task_review")] == [
+        ("verification", "lend-river-songs", 1, False), ("verification", "lend-tide-atlas", 1, True),
+        ("task_review", "lend-tide-atlas", 1, False), ("verification", "lend-tide-atlas", 2, True), ("task_review", "lend-tide-atlas", 2, True)]
+    again = scripted.calls("proposer")[1].messages[0].content
+    assert "- task lend-river-songs: the verifier accepts a perturbed outcome: writes left out" in again
+    assert "- task lend-tide-atlas: a reviewer rejected it: nobody asks for copies left" in again
+
+
 def test_perturbations_swap_a_text_value_for_another_records_and_change_an_unwritten_table(tmp_path):
     env = load_environment(written(tmp_path / "library", GOOD_TOOLS))
     task = task_spec(TaskDraft.model_validate({**KEPT, "answer": [{"name": "title", "value": "The Tide Atlas"}]}),

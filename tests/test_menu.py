@@ -20,7 +20,7 @@ from tests.test_env_evolution import DIAGNOSIS, PARENT
 
 CATALOG = load_catalog()
 SHOP = load_catalog(FIXTURES)[PARENT]
-# a pair per category that the menu derives (cumulative_privacy has none); the built-in training pairs offer no
+# a pair per category that the menu derives; the built-in training pairs offer no
 # conflicting_records or joint_constraints option (no entity recorded in two tables, no listed open option), so
 # those two are shown on validation pairs
 BY_CATEGORY = {
@@ -31,6 +31,7 @@ BY_CATEGORY = {
     "ambiguous_entity": "travel-sko-return-two-rosas",
     "conflicting_records": "hr-salary-letter-conflict",
     "joint_constraints": "courses-stat-section-joint",
+    "cumulative_privacy": "retail-stove-warranty-disclosure",
 }
 
 
@@ -72,6 +73,15 @@ def test_each_derived_category_certifies_on_a_catalog_pair(category):
     assert cert.passed, [c for c in cert.checks if not c.passed]
     assert mutation.evidence.contains and mutation.witness and (mutation.scope.rows or mutation.scope.tools)
     assert 0 < len(menu(entry.env, entry.pair)) <= MAX_OPTIONS
+
+
+def test_a_disclosure_is_widened_by_a_category_the_request_does_not_share_and_a_status_never():
+    entry = CATALOG["retail-stove-warranty-disclosure"]  # the claim shares name and phone; DSC-0082 shared the name
+    widened = {op.key: op.fields for o in menu(entry.env, entry.pair) if o.category == "cumulative_privacy" for op in o.mutation.state}
+    assert widened["DSC-0082"] == {"categories": "name,email"}
+    clinic = CATALOG["clinic-registry-quasi-identifiers"]  # a consent's status "active" is read, and is no list of data
+    assert not [o for o in menu(clinic.env, clinic.pair) if o.category == "cumulative_privacy"
+                and any("status" in op.fields for op in o.mutation.state)]
 
 
 def test_a_choice_outside_the_menu_is_refused_by_the_response_format():
