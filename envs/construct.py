@@ -31,7 +31,7 @@ from envs.match import ANY
 from envs.runtime import EnvInstance, diff_rows, initial_rows
 from envs.spec import SpecError, Tool, load_database, load_environment, load_tools
 from envs.verify import Outcome, verify
-from state.construction import DatabaseDraft, InvalidCall, TaskCheck, TaskDraft, ToolDeclaration, ToolsDraft
+from state.construction import ColumnDraft, DatabaseDraft, InvalidCall, TaskCheck, TaskDraft, ToolDeclaration, ToolsDraft
 from state.records import AnswerCheck, EnvironmentSpec, ReferenceSolution, RowChange, TableSpec, TaskSpec, ToolCall, ToolInfo
 
 DECLARATIONS = "tools.checks.json"
@@ -112,6 +112,25 @@ def _converted(kind: str, value):
     if kind == "boolean" and value in (0, 1) and not isinstance(value, bool):
         return bool(value)
     return value
+
+
+def add_missing_keys(draft: DatabaseDraft) -> tuple[DatabaseDraft, list[str]]:
+    """The draft with each primary key that names no column of its table added as its first column (a small model
+    declares `customer_id` and leaves it out of the columns): of the rows' own values when each row has a distinct
+    one, else counting from 1; a note for each."""
+    notes, tables = [], []
+    for t in draft.tables:
+        if any(c.name == t.primary_key for c in t.columns):
+            tables.append(t)
+            continue
+        values = [r.get(t.primary_key) for r in t.rows]
+        own = all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in values) and len(set(values)) == len(values)
+        kind = "integer" if own and all(isinstance(v, int) for v in values) else "text" if own else "integer"
+        rows = t.rows if own else [{**r, t.primary_key: i + 1} for i, r in enumerate(t.rows)]
+        notes.append(f"tables.{t.name}.primary_key: {t.primary_key!r} named no column; added as a column of type {kind}"
+                     + ("" if own else ", the rows numbered from 1"))
+        tables.append(t.model_copy(update={"columns": [ColumnDraft(name=t.primary_key, type=kind), *t.columns], "rows": rows}))
+    return draft.model_copy(update={"tables": tables}), notes
 
 
 def drop_loose_references(draft: DatabaseDraft) -> tuple[DatabaseDraft, list[str]]:

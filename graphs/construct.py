@@ -39,8 +39,9 @@ from langgraph.types import Command, Send
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_parent
-from envs.construct import (coerce_rows, database_problems, describe_database, drop_loose_references, example_write_tool, public_context, starting_module, task_problems,
-                            task_spec, tidy_task, tool_functions, write_database, write_tools_module)
+from envs.construct import (add_missing_keys, coerce_rows, database_problems, describe_database, drop_loose_references, example_write_tool,
+                            public_context, starting_module, task_problems, task_spec, tidy_task, tool_functions, write_database,
+                            write_tools_module)
 from envs.grow import grow, naming_columns, referenced_first
 from envs.runtime import EnvInstance
 from envs.spec import SpecError, load_database, load_environment
@@ -115,15 +116,17 @@ def _feedback(problems: list[str]) -> str:
 
 
 async def environment_builder(state: ConstructState, runtime: Runtime[Context]) -> Command[Literal["environment_builder", "tool_coder", "recorder"]]:
-    """Drafts the database (an id made kebab-case, references naming no column dropped, values of another type with
-    one reading converted), gives short tables more rows and naming columns new names from the builder, grows the
-    tables to `rows`, and writes it to the output directory; on problems, drafts again within `max_attempts`; writes
+    """Drafts the database (an id made kebab-case, a primary key left out of the columns added, references naming no
+    column dropped, values of another type with one reading converted), gives short tables more rows and naming
+    columns new names from the builder, grows the tables to `rows`, and writes it to the output directory; on problems, drafts again within `max_attempts`; writes
     `decisions`, `env_id`, `attempt`, `feedback`."""
     ctx, out = runtime.context, Path(state["out"])
     attempt = state.get("attempt", 0) + 1
     draft, usage = await build_database(state["theme"], state.get("feedback", ""), ctx.builder_model, ctx.model_timeout_s)
     draft = draft.model_copy(update={"id": re.sub(r"[^a-z0-9]+", "-", draft.id.casefold()).strip("-")})  # "Library_Env": library-env
-    draft, notes = drop_loose_references(draft)
+    draft, notes = add_missing_keys(draft)
+    draft, dropped = drop_loose_references(draft)
+    notes += dropped
     draft, converted = coerce_rows(draft)
     notes += converted
     usage, grown, written = [usage], [], 0

@@ -86,7 +86,8 @@ class Lines:
             with self._lock:
                 if time.monotonic() - self.last_line >= self.heartbeat_s:
                     for task in self.tasks:
-                        self._line(task, "")
+                        if not task.total or task.completed < task.total:  # a finished task said so once
+                            self._line(task, "")
 
     def _line(self, task: _Task, event: str) -> None:
         """One line: elapsed time, the event if any, the description and the count."""

@@ -4,7 +4,7 @@ kept, seeded, and a table that stops when its values run out."""
 
 import datetime as dt
 
-from envs.construct import coerce_rows, database_problems, drop_loose_references, write_database
+from envs.construct import add_missing_keys, coerce_rows, database_problems, drop_loose_references, write_database
 from envs.grow import grow, naming_columns
 from envs.spec import load_database
 from state.construction import DatabaseDraft
@@ -96,6 +96,17 @@ def test_a_reference_that_names_no_column_is_dropped():
     assert notes == ["tables.members.columns.status: reference \"string: 'active', 'suspended'\" names no column; dropped"]
     assert [c.references for c in draft.tables[1].columns] == [None] * 5
     assert [c.references for c in draft.tables[0].columns][1:3] == ["members.member_id", "titles.title_id"]  # real ones stay
+
+
+def test_a_primary_key_left_out_of_the_columns_is_added_from_the_rows_or_counted():
+    members = {**MEMBERS, "columns": MEMBERS["columns"][1:]}  # member_id declared, not a column; the rows carry it
+    titles = {**TITLES, "columns": TITLES["columns"][1:], "rows": [{k: v for k, v in r.items() if k != "title_id"} for r in TITLES["rows"]]}
+    draft, notes = add_missing_keys(DatabaseDraft.model_validate({**DRAFT, "tables": [LOANS, members, titles]}))
+    assert notes == ["tables.members.primary_key: 'member_id' named no column; added as a column of type text",
+                     "tables.titles.primary_key: 'title_id' named no column; added as a column of type integer, the rows numbered from 1"]
+    assert draft.model_dump() == DatabaseDraft.model_validate(DRAFT).model_dump()  # LOANS' references hold again
+    draft, notes = drop_loose_references(draft)
+    assert notes == [] and database_problems(draft) == []
 
 
 def test_values_of_another_type_with_one_reading_are_converted():
