@@ -467,11 +467,14 @@ def _failure_problems(call: str, run: CallRun) -> list[str]:
     return out
 
 
-def task_problems(draft: TaskDraft, tables: tuple[TableSpec, ...], tools: list[ToolInfo]) -> list[str]:
+def task_problems(draft: TaskDraft, tables: tuple[TableSpec, ...], rows: dict[str, tuple[dict, ...]], tools: list[ToolInfo]) -> list[str]:
     """What makes a proposed task unusable before anyone solves it: rules naming
     tables, columns or tools that do not exist, too few checks, an instruction
-    that gives an answer away."""
+    that gives an answer away or names no record of the database."""
     where, out = f"task {draft.id}", []
+    if not _names_a_record(draft.instruction, rows):
+        out.append(f"{where}: the instruction names no record of the database; name the one the user means (a name, a title "
+                   "or an id from the rows shown), as a user would")
     if not _ID.fullmatch(draft.id):
         out.append(f"{where}: id must be kebab-case")
     by_name = {t.name: t for t in tables}
@@ -497,6 +500,21 @@ def task_problems(draft: TaskDraft, tables: tuple[TableSpec, ...], tools: list[T
         out.append(f"{where}: {len(draft.answer) + len(draft.state)} check(s); at least {MIN_CHECKS} answer or state checks")
     out += [f"{where}: the instruction says {w!r}" for w in _GIVEAWAYS if w in draft.instruction.casefold()]
     return out
+
+
+def _names_a_record(instruction: str, rows: dict[str, tuple[dict, ...]]) -> bool:
+    """Whether the instruction names a value of some row (a name, a title, an id: "Ada Park", "BK-1", 103) as a
+    whole word; a request about "a specific customer" names none, and no solver can tell which one it means."""
+    text = instruction.casefold()
+    for table in rows.values():
+        for row in table:
+            for value in row.values():
+                if isinstance(value, bool) or not isinstance(value, (str, int)) or (isinstance(value, str) and len(value.strip()) < 3):
+                    continue
+                word = str(value).casefold().strip()
+                if word in text and re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", text):
+                    return True
+    return False
 
 
 def tidy_task(draft: TaskDraft) -> tuple[TaskDraft, list[str]]:

@@ -242,11 +242,11 @@ async def task_proposer(state: ConstructState, runtime: Runtime[Context]) -> dic
     database = await asyncio.to_thread(describe_database, out, PROPOSER_ROWS)
     proposed, usage = await propose_tasks(database, state["tools"], state["tasks"], state.get("task_feedback", ""), ctx.task_model,
                                           ctx.model_timeout_s)
-    _, tables, _ = await asyncio.to_thread(load_database, out)
+    _, tables, rows = await asyncio.to_thread(load_database, out)
     drafts, decisions, seen, problems_all = [], [], set(), []
     for draft in proposed.tasks:
         draft, notes = tidy_task(draft)
-        problems = task_problems(draft, tables, state["tools"]) + ([f"task {draft.id}: a duplicate id"] if draft.id in seen else [])
+        problems = task_problems(draft, tables, rows, state["tools"]) + ([f"task {draft.id}: a duplicate id"] if draft.id in seen else [])
         seen.add(draft.id)
         checks = len(draft.answer) + len(draft.state)
         decisions.append(Decision(step="task_proposal", subject=draft.id, attempt=attempt, accepted=not problems,

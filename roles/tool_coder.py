@@ -33,21 +33,28 @@ async def tool_coder(database: str, starting: str, example: str, previous: str, 
     return module_code(str(done.message.content)), done.usage
 
 
-def declarations_schema(tools: dict[str, bool], tables: list[str]) -> type[Record]:
-    """Declarations of the named tools (`tools`: name → whether it takes arguments), one required entry each, whose
-    changed tables are the database's (a grammar enum) and which, for a tool with arguments, refuse at least one call."""
+def declarations_schema(tools: dict[str, tuple[bool, bool]], tables: list[str]) -> type[Record]:
+    """Declarations of the named tools (`tools`: name → whether it takes arguments, whether it is a read tool), one
+    required entry each, read-only as its decorator says, whose changed tables are the database's (a grammar enum:
+    none for a read tool, one or more for a write tool) and which, for a tool with arguments, refuse at least one call."""
     fields: dict[str, Any] = {}
-    for i, (name, takes_args) in enumerate(tools.items()):
+    for i, (name, (takes_args, read_only)) in enumerate(tools.items()):
         declared = create_model(f"Declared{i}", __base__=ToolDeclaration, name=(Literal[name], name),  # type: ignore[valid-type]
+                                read_only=(Literal[read_only], read_only),  # type: ignore[valid-type]
                                 invalid=(list[InvalidCall], Field(min_length=1) if takes_args else Field(default_factory=list)),
-                                changes=(list[Literal[tuple(tables)]], Field(default_factory=list)))  # type: ignore[valid-type]
+                                changes=(list[Literal[tuple(tables)]], Field(max_length=0, default_factory=list) if read_only  # type: ignore[valid-type]
+                                         else Field(min_length=1)))
         fields[f"t{i}"] = (declared, Field(alias=name))
     return create_model("ToolDeclarations", __base__=Record, **fields)
 
 
-def _takes_args(code: str, names: list[str]) -> dict[str, bool]:
+def _shapes(code: str, names: list[str]) -> dict[str, tuple[bool, bool]]:
+    """Each named function's (takes arguments besides `db`, is decorated as a read tool)."""
     functions = {f.name: f for f in ast.parse(code).body if isinstance(f, ast.FunctionDef)}
-    return {n: len(functions[n].args.args) + len(functions[n].args.kwonlyargs) > 1 for n in names}
+    decorators = lambda f: {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in
+                            (x.func if isinstance(x, ast.Call) else x for x in f.decorator_list)}
+    return {n: (len(functions[n].args.args) + len(functions[n].args.kwonlyargs) > 1, "write_tool" not in decorators(functions[n]))
+            for n in names}
 
 
 async def tool_declarations(database: str, code: str, names: list[str], tables: list[str], model: str,
@@ -55,5 +62,5 @@ async def tool_declarations(database: str, code: str, names: list[str], tables: 
     """How each named tool of the module behaves: its result's schema, calls that succeed and calls it refuses."""
     prompt = render("tool_declarations", database=database, code=code.rstrip(), names=", ".join(names))
     reply, usage = await chat_model(model, role="tool_coder", timeout_s=timeout_s).structured(
-        [HumanMessage(prompt)], declarations_schema(_takes_args(code, names), tables))
+        [HumanMessage(prompt)], declarations_schema(_shapes(code, names), tables))
     return [ToolDeclaration.model_validate(d.model_dump()) for d in dict(reply).values()], usage

@@ -434,14 +434,14 @@ def test_cli_builds_an_environment(context, tmp_path, capsys):
 
 def test_task_pre_checks_name_each_problem(tmp_path):
     out = written(tmp_path / "library", GOOD_TOOLS)
-    _, tables, _ = load_database(out)
+    _, tables, rows = load_database(out)
     tools = EnvInstance(load_environment(out)).public_tools
     draft = TaskDraft.model_validate({
         "id": "Tide", "instruction": "Lend The Tide Atlas to Ada Park; there should be 1 copy left. It may be impossible.",
         "answer": [{"name": "copies_left", "value": 1}, {"name": "title"}],
         "state": [{"table": "loans", "match": {"book": "BK-1"}}], "allowed_writes": ["loans", "members"],
         "forbidden": [{"tool": "delete_loan"}]})
-    assert task_problems(draft, tables, tools) == [
+    assert task_problems(draft, tables, rows, tools) == [
         "task Tide: id must be kebab-case",
         "task Tide: state.0.match.book is not a column of loans",
         "task Tide: allowed_writes names 'members', not a table",
@@ -450,11 +450,15 @@ def test_task_pre_checks_name_each_problem(tmp_path):
         "task Tide: answer.1 (title) has no value or any_of",
         "task Tide: the instruction says 'impossible'",
     ]
-    assert task_problems(TaskDraft.model_validate(KEPT), tables, tools) == []
+    assert task_problems(TaskDraft.model_validate(KEPT), tables, rows, tools) == []
+    vague = TaskDraft.model_validate({**KEPT, "instruction": "Lend a book to a specific member and tell me how many copies are left."})
+    assert task_problems(vague, tables, rows, tools) == [
+        "task lend-tide-atlas: the instruction names no record of the database; name the one the user means (a name, a title "
+        "or an id from the rows shown), as a user would"]
     # the id is made kebab-case and the check the instruction states dropped, before the pre-checks run
     tidied, notes = tidy_task(draft)
     assert (tidied.id, [c.name for c in tidied.answer], notes) == ("tide", ["title"], ["answer check copies_left=1 dropped: the instruction states it"])
-    assert task_problems(tidied, tables, tools)[0] == "task tide: state.0.match.book is not a column of loans"
+    assert task_problems(tidied, tables, rows, tools)[0] == "task tide: state.0.match.book is not a column of loans"
 
 
 def test_tasks_that_all_fail_the_pre_checks_are_proposed_again_with_the_problems(context, tmp_path):
