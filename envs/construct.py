@@ -242,7 +242,7 @@ def example_write_tool(directory: Path) -> tuple[str, ToolDeclaration]:
     refers = lambda t: [c for c in t.columns if c.references and c.references.split(".")[0] != t.name]  # noqa: E731
     table = min(tables, key=lambda t: (bool(rows[t.name]), not refers(t)))
     pk, kind = table.primary_key, {"text": "str", "integer": "int", "real": "float", "boolean": "bool", "json": "str"}
-    params = [c for c in table.columns if c.name != pk]
+    params = sorted((c for c in table.columns if c.name != pk), key=lambda c: c.nullable)  # optional arguments last
     signature = ", ".join(f"{c.name}: {kind[c.type]}" + (" | None = None" if c.nullable else "") for c in params)
     args = [f"        {c.name}: The {c.name.replace('_', ' ')}" + (f" (see {c.references.split('.')[0]})." if c.references else ".") for c in params]
     checks = [f'    one(db, "{c.references.split(".")[0]}", {c.references.split(".")[1]}={c.name})' for c in refers(table)]

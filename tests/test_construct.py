@@ -570,6 +570,15 @@ def test_the_starting_module_runs_and_names_the_table_no_tool_touches(tmp_path):
     assert lent.observation.output == {"loan_id": "LOA-0001"}
 
 
+def test_the_example_write_tool_takes_its_optional_arguments_last(tmp_path):
+    note = {"name": "note", "type": "text", "nullable": True}
+    loans = {**LOANS, "columns": [LOANS["columns"][0], note, *LOANS["columns"][1:]]}  # a nullable column before required ones
+    assert write_database(DatabaseDraft.model_validate({**LIBRARY, "tables": [BRANCHES, BOOKS, loans]}), tmp_path, THEME) == []
+    example, adding = example_write_tool(tmp_path)
+    assert example.splitlines()[1] == "def add_loan(db, book_id: str, member: str, note: str | None = None) -> dict:"
+    compile(HEADER + example, "tools.py", "exec")
+
+
 def test_evolve_envs_takes_a_built_environment_as_parents(context, tmp_path, capsys):
     out = tmp_path / "library"
     assert cli.main(["--ledger", context.ledger, "evolve-envs", "--diagnosis", "x.json", "--from-env", str(out)]) == 2
