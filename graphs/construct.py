@@ -118,8 +118,8 @@ def _feedback(problems: list[str]) -> str:
 async def environment_builder(state: ConstructState, runtime: Runtime[Context]) -> Command[Literal["environment_builder", "tool_coder", "recorder"]]:
     """Drafts the database (an id made kebab-case, a primary key left out of the columns added, references naming no
     column dropped, values of another type with one reading converted), gives short tables more rows and naming
-    columns new names from the builder, grows the tables to `rows`, and writes it to the output directory; on problems, drafts again within `max_attempts`; writes
-    `decisions`, `env_id`, `attempt`, `feedback`."""
+    columns new names from the builder, grows the tables to `rows`, and writes it to the output directory; on
+    problems, drafts again within `max_attempts`; writes `decisions`, `env_id`, `attempt`, `feedback`."""
     ctx, out = runtime.context, Path(state["out"])
     attempt = state.get("attempt", 0) + 1
     draft, usage = await build_database(state["theme"], state.get("feedback", ""), ctx.builder_model, ctx.model_timeout_s)
@@ -234,9 +234,9 @@ async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder",
 
 
 async def task_proposer(state: ConstructState, runtime: Runtime[Context]) -> dict:
-    """Proposes tasks with their verification rules (again, with every problem found, while none is kept) and keeps those that
-    pass the pre-checks, ids made kebab-case and checks the instruction states dropped; writes `drafts`, `decisions`,
-    `task_attempt`, `task_feedback`."""
+    """Proposes tasks with their verification rules (again, with every problem found, while none is kept) and keeps
+    those that pass the pre-checks, ids made kebab-case and checks the instruction states dropped; writes `drafts`,
+    `decisions`, `task_attempt`, `task_feedback`."""
     ctx, out = runtime.context, Path(state["out"])
     attempt = state.get("task_attempt", 0) + 1
     database = await asyncio.to_thread(describe_database, out, PROPOSER_ROWS)
