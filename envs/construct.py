@@ -125,7 +125,7 @@ def add_missing_keys(draft: DatabaseDraft) -> tuple[DatabaseDraft, list[str]]:
             continue
         values = [r.get(t.primary_key) for r in t.rows]
         own = all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in values) and len(set(values)) == len(values)
-        kind = "integer" if own and all(isinstance(v, int) for v in values) else "text" if own else "integer"
+        kind = "text" if own and not all(isinstance(v, int) for v in values) else "integer"
         rows = t.rows if own else [{**r, t.primary_key: i + 1} for i, r in enumerate(t.rows)]
         notes.append(f"tables.{t.name}.primary_key: {t.primary_key!r} named no column; added as a column of type {kind}"
                      + ("" if own else ", the rows numbered from 1"))

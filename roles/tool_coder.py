@@ -51,10 +51,8 @@ def declarations_schema(tools: dict[str, tuple[bool, bool]], tables: list[str]) 
 def _shapes(code: str, names: list[str]) -> dict[str, tuple[bool, bool]]:
     """Each named function's (takes arguments besides `db`, is decorated as a read tool)."""
     functions = {f.name: f for f in ast.parse(code).body if isinstance(f, ast.FunctionDef)}
-    decorators = lambda f: {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in
-                            (x.func if isinstance(x, ast.Call) else x for x in f.decorator_list)}
-    return {n: (len(functions[n].args.args) + len(functions[n].args.kwonlyargs) > 1, "write_tool" not in decorators(functions[n]))
-            for n in names}
+    return {n: (len(functions[n].args.args) + len(functions[n].args.kwonlyargs) > 1,
+                not any("write_tool" in ast.unparse(d) for d in functions[n].decorator_list)) for n in names}
 
 
 async def tool_declarations(database: str, code: str, names: list[str], tables: list[str], model: str,
