@@ -26,7 +26,9 @@ async def solver(task_id: str, instruction: str, context: str, tools: list[ToolI
     observations: list[Observation] = []
     usage = []
     for _ in range(max_turns):
-        done = await llm.complete(messages, tools)
+        # One grammar-constrained action a turn: a small model's free-text turns copied the tools' argument
+        # descriptions as values or answered without a call.
+        done = await llm.complete(messages, tools, action_mode="structured")
         usage.append(done.usage)
         messages.append(done.message)
         if not done.message.tool_calls:

@@ -68,7 +68,8 @@ def describe_argument(schema: dict[str, Any]) -> str:
     else:
         kind = schema.get("type") or ("object" if "$ref" in schema else "value")
         kind = " or ".join(kind) if isinstance(kind, list) else kind
-    return f"{kind}: {schema['description']}" if schema.get("description") else kind
+    # "string (a title)", not "string: a title": a 1.5B model copied the latter into its values ("string: Jane Austen")
+    return f"{kind} ({schema['description']})" if schema.get("description") else kind
 
 
 def describe_object(schema: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from langgraph.checkpoint.memory import InMemorySaver
-from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import HumanMessage, SystemMessage
 
 from envs.catalog import load_catalog, load_parent, task_ids
 from envs.certify import certify
@@ -135,16 +135,18 @@ UNKNOWN_TABLE = {"id": "renew-loan", "instruction": "Renew my loan of Mountain B
 
 
 def librarian(messages, tools):
-    """A solver policy: find the book the request names, lend it to the member, report the copies left."""
+    """A solver policy, one structured action a turn over the folded conversation: find the book the request
+    names, lend it to the member, report the copies left."""
     request = next(m.content for m in messages if isinstance(m, HumanMessage))
     title, member = ("The Tide Atlas", "Ada Park") if "Tide Atlas" in request else ("River Songs", "Ben Ode")
-    results = [json.loads(m.content) for m in messages if isinstance(m, ToolMessage)]
+    results = [json.loads(line.split(": ", 1)[1]) for m in messages if isinstance(m, HumanMessage)
+               for line in m.content.split("\n\n") if line.startswith("Result of ")]
     if not results:
-        return {"tool_calls": [{"name": "list_books", "args": {}}]}
+        return {"tool": "list_books", "arguments": {}}
     if len(results) == 1:
         book = next(b for b in results[0] if b["title"] == title)
-        return {"tool_calls": [{"name": "lend_book", "args": {"book_id": book["book_id"], "member": member}}]}
-    return f"Lent {title} to {member}; {results[1]['copies_left']} copies are left on the shelf."
+        return {"tool": "lend_book", "arguments": {"book_id": book["book_id"], "member": member}}
+    return {"final_answer": f"Lent {title} to {member}; {results[1]['copies_left']} copies are left on the shelf."}
 
 
 @pytest.fixture

@@ -247,7 +247,7 @@ def test_adapter_folds_history_into_plain_turns_with_a_stable_system_prompt():
     assert fold_history(history[:2], TOOLS)[0] == folded[0]
     assert describe_tools(TOOLS) == (
         "Tools you can call:\n"
-        '- get_item: Look up an item by SKU. Arguments: {"sku": "string: stock code", "qty": "integer, optional"}\n'
+        '- get_item: Look up an item by SKU. Arguments: {"sku": "string (stock code)", "qty": "integer, optional"}\n'
         '- buy: Buy an item. Arguments: {"sku": "string"}\n'
         'To call a tool, reply with a JSON object {"name": "<tool name>", "arguments": {<arguments>}}; '
         "to call several, write one object per line. When you need no more tools, reply with your answer in plain text."
