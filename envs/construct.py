@@ -288,6 +288,22 @@ def tool_functions(code: str) -> dict[str, str]:
             and any(isinstance(d, ast.Name) and d.id in ("read_tool", "write_tool") for d in f.decorator_list)}
 
 
+def without_tools(draft: ToolsDraft, names: set[str]) -> ToolsDraft:
+    """The module and declarations without the tool functions `names` (their decorators with them); helpers they
+    used stay, unused. Nothing is removed from code that does not parse."""
+    try:
+        tree = ast.parse(draft.code)
+    except SyntaxError:
+        return draft
+    lines, cut_out = draft.code.splitlines(keepends=True), set()
+    for f in tree.body:
+        if isinstance(f, ast.FunctionDef) and f.name in names:
+            start = min([f.lineno, *(d.lineno for d in f.decorator_list)])
+            cut_out.update(range(start - 1, f.end_lineno))
+    code = "".join(line for i, line in enumerate(lines) if i not in cut_out)
+    return ToolsDraft(code=re.sub(r"\n{4,}", "\n\n\n", code), tools=[d for d in draft.tools if d.name not in names])
+
+
 def module_code(reply: str) -> str:
     """The Python module in a reply: its first fenced block (```python preferred), else the whole reply."""
     blocks = re.findall(r"```[ \t]*(\w*)[^\n]*\n(.*?)```", reply, re.S)
@@ -299,6 +315,12 @@ def write_tools_module(draft: ToolsDraft, directory: Path) -> None:
     """Writes `tools.py` and the tools' declarations next to it."""
     (directory / "tools.py").write_text(draft.code.rstrip() + "\n")
     (directory / DECLARATIONS).write_text(json.dumps([d.model_dump(mode="json") for d in draft.tools], indent=1))
+
+
+def read_tools_module(directory: Path) -> ToolsDraft:
+    """The tools module and declarations `write_tools_module` wrote (read as text; the code is not run)."""
+    declared = json.loads((directory / DECLARATIONS).read_text())
+    return ToolsDraft(code=(directory / "tools.py").read_text(), tools=[ToolDeclaration.model_validate(d) for d in declared])
 
 
 def stage_public(directory: Path, workdir: Path) -> Path:
@@ -374,33 +396,36 @@ def _shown(changes: tuple[RowChange, ...]) -> str:
     return ", ".join(f"{c.table}[{c.key}]" for c in changes)
 
 
-def tool_problems(directory: Path | str) -> tuple[list[str], list[ToolInfo]]:
+def tool_problems(directory: Path | str) -> tuple[list[str], list[ToolInfo], list[str]]:
     """Loads the environment and runs every declared call of every tool (run it
-    only in the sandbox); the problems found and the tools' public faces."""
+    only in the sandbox); the problems found, the tools' public faces, and the
+    names of the tools with a problem of their own."""
     directory = Path(directory)
     try:
         env = load_environment(directory)
     except SpecError as exc:
-        return [str(exc).replace(f"{directory}/", "")], []
+        return [str(exc).replace(f"{directory}/", "")], [], []
     tools = load_tools(env)
     try:
         declared = [ToolDeclaration.model_validate(d) for d in json.loads((directory / DECLARATIONS).read_text())]
     except (OSError, ValueError) as exc:  # a pydantic ValidationError is a ValueError
-        return [f"tool declarations: {exc}"], []
+        return [f"tool declarations: {exc}"], [], []
     by_name = {d.name: d for d in declared}
+    failing = sorted(tools.keys() ^ by_name.keys())
     problems = [f"{n}: defined in tools.py but not declared" for n in sorted(tools.keys() - by_name.keys())]
     problems += [f"{n}: declared, but tools.py has no function {n} decorated with @read_tool or @write_tool"
                  for n in sorted(by_name.keys() - tools.keys())]
     used: dict[str, set[str]] = {"read": set(), "changed": set()}
     for name, tool in tools.items():
-        if name in by_name:
-            problems += _declared_problems(env, tool, by_name[name], used)
+        if name in by_name and (found := _declared_problems(env, tool, by_name[name], used)):
+            problems += found
+            failing.append(name)
     for table in env.tables:  # only what a declared call was seen to do counts: a table no tool reads is dead weight
         if env.rows.get(table.name) and table.name not in used["read"]:
             problems.append(f"table {table.name}: no declared call of any tool reads it; add a tool that looks it up, or drop the table")
         elif not env.rows.get(table.name) and table.name not in used["read"] | used["changed"]:
             problems.append(f"table {table.name}: empty, and no declared call of any tool reads or writes it")
-    return problems, [t.info for t in tools.values()]
+    return problems, [t.info for t in tools.values()], failing
 
 
 def _declared_problems(env: EnvironmentSpec, tool: Tool, decl: ToolDeclaration, used: dict[str, set[str]]) -> list[str]:

@@ -40,8 +40,8 @@ from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_parent
 from envs.construct import (add_missing_keys, coerce_rows, database_problems, describe_database, drop_loose_references, example_write_tool,
-                            public_context, starting_module, task_problems, task_spec, tidy_task, tool_functions, write_database,
-                            write_tools_module)
+                            public_context, read_tools_module, starting_module, task_problems, task_spec, tidy_task, tool_functions,
+                            without_tools, write_database, write_tools_module)
 from envs.grow import grow, naming_columns, referenced_first
 from envs.runtime import EnvInstance
 from envs.spec import SpecError, load_database, load_environment
@@ -216,14 +216,44 @@ async def _declared(database: str, code: str, starting: str, declared: list, tab
     return ToolsDraft(code=code, tools=kept + more), [usage]
 
 
-async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder", "task_proposer", "recorder"]]:
-    """Runs every declared call in the sandbox; accepts the tools, sends the problems back within
-    `max_attempts`, or rejects the environment; writes `decisions`, `tools`, `feedback`, `status`."""
-    problems, tools = await check_tools(state["out"])
+def _tools_problems(problems: list[str], tools: list[ToolInfo]) -> list[str]:
     if tools and all(t.read_only for t in tools):  # the coder was asked for the tools that change state; none came
-        problems.append("no tool changes state: add the @write_tool functions this environment needs")
+        return [*problems, "no tool changes state: add the @write_tool functions this environment needs"]
+    return problems
+
+
+async def _without_failing(out: Path, failing: list[str]) -> tuple[list[ToolInfo], str] | None:
+    """The module kept without the tools that failed their declared calls (and with the example write tool when no
+    write tool is left), when that passes every check: its tools and what was done; else the module is put back."""
+    draft = await asyncio.to_thread(read_tools_module, out)
+    kept, done = without_tools(draft, set(failing)), f"dropped {', '.join(failing)}, which failed their declared calls"
+    if all(d.read_only for d in kept.tools):
+        example, declared = await asyncio.to_thread(example_write_tool, out)
+        if declared.name in tool_functions(kept.code):
+            return None
+        kept = ToolsDraft(code=f"{kept.code.rstrip()}\n\n\n{example}\n", tools=[*kept.tools, declared])
+        done += "; took the example write tool written for this database"
+    await asyncio.to_thread(write_tools_module, kept, out)
+    problems, tools, _ = await check_tools(out)
+    if _tools_problems(problems, tools):
+        await asyncio.to_thread(write_tools_module, draft, out)
+        return None
+    return tools, done
+
+
+async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder", "task_proposer", "recorder"]]:
+    """Runs every declared call in the sandbox; accepts the tools, or the module without the tools that failed when
+    the rest passes (a retry of the whole module costs a small coder minutes and seldom mends it), sends the problems
+    back within `max_attempts`, or rejects the environment; writes `decisions`, `tools`, `feedback`, `status`."""
+    out = Path(state["out"])
+    problems, tools, failing = await check_tools(out)
+    problems = _tools_problems(problems, tools)
     attempt = state["attempt"]
     shown = f"{len(tools)} tools" + (" (the coder's own write tools failed; the example one written for this database)" if state.get("templated") else "")
+    if problems and failing and (kept := await _without_failing(out, failing)):
+        tools, done = kept
+        shown = f"{len(tools)} tools ({done}: {'; '.join(problems)[:1500]})"
+        problems = []
     decision = Decision(step="tools", subject=state["env_id"], attempt=attempt, accepted=not problems,
                         reasons=tuple(problems) or (f"{shown}; every declared call behaves as declared",))
     if not problems:

@@ -8,7 +8,7 @@ construction log). A solver's tools are served by `EnvInstance`, which runs
 such code in a sandboxed child of its own (`envs.untrusted`). What the tools
 print goes to the child's stderr, never into the protocol.
 
-    python -m harness.tool_sandbox check DIR          one JSON line: {"problems", "tools"}
+    python -m harness.tool_sandbox check DIR          one JSON line: {"problems", "tools", "failing"}
     python -m harness.tool_sandbox verify DIR TASK    one JSON line: a TaskCheck
     python -m harness.tool_sandbox menu DIR TASK      one JSON line: {"options"}, the task's mutation menu
 """
@@ -51,14 +51,14 @@ def _run(directory: Path, args: list[str], timeout_s: float, files: dict[str, st
         raise ToolSandboxError(f"{directory}: the sandboxed child crashed (exit {done.returncode}): {tail}") from None
 
 
-async def check_tools(directory: Path | str, timeout_s: float = 120) -> tuple[list[str], list[ToolInfo]]:
-    """The problems of an environment's tools and the tools' public faces,
-    found by running every declared call in the sandbox."""
+async def check_tools(directory: Path | str, timeout_s: float = 120) -> tuple[list[str], list[ToolInfo], list[str]]:
+    """The problems of an environment's tools, the tools' public faces and the names of the tools with a problem
+    of their own, found by running every declared call in the sandbox."""
     try:
         result = await asyncio.to_thread(_run, Path(directory), ["check"], timeout_s)
     except ToolSandboxError as exc:
-        return [str(exc)], []
-    return list(result["problems"]), [ToolInfo.model_validate(t) for t in result["tools"]]
+        return [str(exc)], [], []
+    return list(result["problems"]), [ToolInfo.model_validate(t) for t in result["tools"]], list(result["failing"])
 
 
 async def check_task(directory: Path | str, task: TaskSpec, timeout_s: float = 120) -> TaskCheck:
@@ -86,8 +86,8 @@ def main(argv: list[str]) -> None:
     channel = _Channel()
     command, directory = argv[0], argv[1]
     if command == "check":
-        problems, tools = tool_problems(directory)
-        channel.send({"problems": problems, "tools": [t.model_dump(mode="json") for t in tools]})
+        problems, tools, failing = tool_problems(directory)
+        channel.send({"problems": problems, "tools": [t.model_dump(mode="json") for t in tools], "failing": failing})
         return
     task = TaskSpec.model_validate_json(Path(directory, argv[2]).read_text())
     try:

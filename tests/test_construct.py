@@ -103,6 +103,7 @@ DECLARED = [
 GOOD_TOOLS = {"code": GOOD_CODE, "tools": DECLARED}
 RAISING_CODE = GOOD_CODE.replace('return one(db, "books", book_id=book_id)', 'return one(db, "books", book_id=book_id)["copies"] / 0')
 RAISING_TOOLS = {"code": RAISING_CODE, "tools": DECLARED}
+SYNTAX_CODE = GOOD_CODE.replace("def lend_book(db, book_id: str, member: str)", "def lend_book(db, book_id: str member: str)")
 
 
 def module(code: str) -> str:
@@ -176,7 +177,8 @@ def written(out: Path, tools: dict) -> Path:
 
 def test_environment_built_from_a_theme_loads_and_keeps_only_validated_tasks(context, tmp_path):
     out = tmp_path / "library"
-    scripted.register("builder", [DANGLING, LIBRARY, *coded(RAISING_TOOLS), *coded(GOOD_TOOLS)])
+    # a module that does not parse has no tool to keep: the whole module goes back (no declarations are asked of it)
+    scripted.register("builder", [DANGLING, LIBRARY, module(SYNTAX_CODE), *coded(GOOD_TOOLS)])
     scripted.register("proposer", [{"tasks": [KEPT, LOOSE, UNKNOWN_TABLE]}])
     scripted.register("solver", [librarian] * 6)
     scripted.register("reviewer", [ACCEPT])
@@ -195,7 +197,8 @@ def test_environment_built_from_a_theme_loads_and_keeps_only_validated_tasks(con
     ]
     reasons = {(d.step, d.subject, d.attempt): d.reasons for d in final["decisions"]}
     assert reasons["database", "city-library", 1] == ("rows/books.json: [0].branch_id: a value present in branches.branch_id (got 'B9')",)
-    assert reasons["tools", "city-library", 1] == (RAISING_PROBLEM,)
+    [syntax] = reasons["tools", "city-library", 1]
+    assert syntax.startswith("tools.py: (module): an importable Python module (SyntaxError: invalid syntax.")
     assert reasons["task_proposal", "renew-loan", 1] == ("task renew-loan: state.0.table 'renewals' is not a table (['books', 'branches', 'loans'])",)
     assert reasons["verification", "lend-river-songs", 1] == ("the verifier accepts a perturbed outcome: writes left out",)
     assert reasons["verification", "lend-tide-atlas", 1] == (
@@ -205,10 +208,10 @@ def test_environment_built_from_a_theme_loads_and_keeps_only_validated_tasks(con
     # the retries were given the problems of the previous draft
     builder_prompts = [c.messages[0].content for c in scripted.calls("builder")]
     assert "- rows/books.json: [0].branch_id: a value present in branches.branch_id (got 'B9')" in builder_prompts[1]
-    assert f"- {RAISING_PROBLEM}" in builder_prompts[4] and "/ 0" in builder_prompts[4]
+    assert f"- {syntax}" in builder_prompts[3] and "book_id: str member: str" in builder_prompts[3]
     assert "def search_books(db, query: str)" in builder_prompts[2]  # the tool coder starts from a module that runs
     # the declarations are asked of the tools the module added, by their names: a grammar enum
-    schema = scripted.calls("builder")[3].schema.model_json_schema()
+    schema = scripted.calls("builder")[4].schema.model_json_schema()
     assert list(schema["properties"]) == ["get_book", "list_books", "lend_book", "list_branches"]  # get_book redefines the starting module's
     assert schema["required"] == list(schema["properties"])  # one entry each
     lend = schema["$defs"]["Declared2"]["properties"]
@@ -256,23 +259,43 @@ def test_the_solver_sees_only_the_instruction_the_public_context_and_the_public_
 
 def test_the_coding_loop_is_bounded_and_ends_with_the_example_write_tool(context, tmp_path):
     out = tmp_path / "library"
-    again = RAISING_CODE.replace("Lists every book", "Lists all the books")
+    again = SYNTAX_CODE.replace("Lists every book", "Lists all the books")
     # the second draft first repeats the functions that failed: they are asked for again, differently, not retried as
     # they were; the third and last takes the example write tool with its own declaration, and asks the coder nothing
-    scripted.register("builder", [LIBRARY, *coded(RAISING_TOOLS), module(RAISING_CODE), module(again), by_name(DECLARED)])
+    scripted.register("builder", [LIBRARY, module(SYNTAX_CODE), module(SYNTAX_CODE), module(again)])
     scripted.register("proposer", [{"tasks": []}] * 3)
     final = build(context, out, max_attempts=3)
     scripted.assert_consumed()  # no fourth draft
     calls = scripted.calls("builder")
-    assert [c.temperature for c in calls[1:5:2]] == [None, None] and calls[4].temperature == 1.0
-    assert "def list_books" in calls[3].messages[0].content.split("Your previous functions:")[1]
-    reasked = calls[4].messages[0].content.split("Your previous functions:")[1]
+    assert [c.temperature for c in calls[1:3]] == [None, None] and calls[3].temperature == 1.0
+    assert "def list_books" in calls[2].messages[0].content.split("Your previous functions:")[1]
+    reasked = calls[3].messages[0].content.split("Your previous functions:")[1]
     assert "(none yet)" in reasked and "def list_books" not in reasked and "repeated the functions that failed" in reasked
     assert decisions(final)[:4] == [("database", "city-library", 1, True), ("tools", "city-library", 1, False), ("tools", "city-library", 2, False),
                                     ("tools", "city-library", 3, True)]
     assert final["decisions"][3].reasons == ("5 tools (the coder's own write tools failed; the example one written for this database); "
                                              "every declared call behaves as declared",)
     assert list(tool_infos(load_environment(out))) == ["search_branches", "get_branch", "search_books", "get_book", "add_loan"]
+
+
+@pytest.mark.parametrize("broken, dropped, tools", [
+    (RAISING_CODE, "dropped get_book, which failed their declared calls",  # both definitions: the coder's replaced the starting one
+     ["search_branches", "get_branch", "search_books", "list_books", "lend_book", "list_branches"]),
+    (GOOD_CODE.replace('    loan_id = f"L-', '    1 / 0\n    loan_id = f"L-'),
+     "dropped lend_book, which failed their declared calls; took the example write tool written for this database",
+     ["search_branches", "get_branch", "search_books", "get_book", "list_books", "list_branches", "add_loan"]),
+])
+def test_tools_that_fail_are_dropped_when_the_rest_passes(context, tmp_path, broken, dropped, tools):
+    out = tmp_path / "library"
+    scripted.register("builder", [LIBRARY, *coded({"code": broken, "tools": DECLARED})])  # one draft of the tools, no retry
+    scripted.register("proposer", [{"tasks": []}])
+    final = build(context, out, max_attempts=1)
+    scripted.assert_consumed()
+    assert decisions(final)[:2] == [("database", "city-library", 1, True), ("tools", "city-library", 1, True)]
+    [reason] = final["decisions"][1].reasons
+    assert reason.startswith(f"{len(tools)} tools ({dropped}: ") and reason.endswith("); every declared call behaves as declared")
+    assert list(tool_infos(load_environment(out))) == tools
+    assert asyncio.run(check_tools(out))[0] == []
 
 
 def test_the_database_loop_is_bounded(context, tmp_path):
@@ -384,7 +407,7 @@ BROKEN_DECLARED = [
 
 def test_tool_validation_in_the_sandbox_finds_each_defect(tmp_path):
     out = written(tmp_path / "library", {"code": BROKEN, "tools": BROKEN_DECLARED})
-    problems, tools = asyncio.run(check_tools(out))
+    problems, tools, _ = asyncio.run(check_tools(out))
     assert problems == [
         "renew_loan: declared, but tools.py has no function renew_loan decorated with @read_tool or @write_tool",
         RAISING_PROBLEM,
@@ -554,7 +577,7 @@ def test_the_starting_module_runs_and_names_the_table_no_tool_touches(tmp_path):
     out = written(tmp_path / "library", GOOD_TOOLS)
     code, declared = starting_module(out)
     write_tools_module(ToolsDraft(code=code, tools=declared), out)
-    problems, tools = asyncio.run(check_tools(out))
+    problems, tools, _ = asyncio.run(check_tools(out))
     assert problems == ["table loans: empty, and no declared call of any tool reads or writes it"]  # it has no write tool yet
     assert [t.name for t in tools] == ["search_branches", "get_branch", "search_books", "get_book"]
     env = load_environment(out)
