@@ -340,6 +340,7 @@ async def build_environment(
     tasks: int = 3,
     max_attempts: int = 3,
     max_turns: int = 12,
+    solver_tries: int = 3,
     rows: int = 200,
     pairs: int = 1,
     max_refinements: int = 1,
@@ -347,11 +348,12 @@ async def build_environment(
     on_event: Callable[[str, dict], None] | None = None,
 ) -> tuple[str, dict]:
     """Builds (or resumes building) an environment from a theme into the directory `out`: its database grown to
-    `rows` per templated table, validated tools and reviewed tasks, and up to `pairs` certified twins per kept task;
+    `rows` per templated table, validated tools and reviewed tasks (each solved in up to `solver_tries` attempts), and up
+    to `pairs` certified twins per kept task;
     the run id and its final state (status, env_id, kept, pairs_written, decisions, usage)."""
     from graphs import construct
 
     run_id = run_id or new_run_id()
-    payload = {"theme": theme, "out": out, "tasks": tasks, "max_attempts": max_attempts, "max_turns": max_turns, "rows": rows,
-               "pairs": pairs, "max_refinements": max_refinements}
+    payload = {"theme": theme, "out": out, "tasks": tasks, "max_attempts": max_attempts, "max_turns": max_turns,
+               "solver_tries": solver_tries, "rows": rows, "pairs": pairs, "max_refinements": max_refinements}
     return run_id, await _run_checkpointed(construct.builder, "construct", run_id, payload, context, 30 + 4 * max_attempts, on_event)

@@ -355,8 +355,8 @@ def envs_build(args: argparse.Namespace) -> int:
     if not args.run_id and out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out}: not empty; give a new or empty directory (or --run-id to resume)")
     context = Context(builder_model=args.builder_model or args.model, task_model=args.task_model or args.model,
-                      solver_model=args.solver_model or args.model, proposer_model=args.proposer_model or args.model,
-                      reviewer_model=args.reviewer_model or args.model, ledger=args.ledger)
+                      solver_model=args.solver_model or args.model, solver_harness=args.solver_harness,
+                      proposer_model=args.proposer_model or args.model, reviewer_model=args.reviewer_model or args.model, ledger=args.ledger)
     reachable(*role_specs(args, "builder_model", "task_model", "solver_model", "proposer_model", "reviewer_model"))
     steps: dict[str, float] = {}
     last = [time.monotonic()]
@@ -375,8 +375,8 @@ def envs_build(args: argparse.Namespace) -> int:
 
         run_id, final = asyncio.run(api.build_environment(
             args.theme, str(out.resolve()), context, tasks=args.tasks, max_attempts=args.max_attempts,
-            max_turns=args.max_turns, rows=args.rows, pairs=args.pairs, max_refinements=args.max_refinements,
-            run_id=args.run_id, on_event=on_event))
+            max_turns=args.max_turns, solver_tries=args.solver_tries, rows=args.rows, pairs=args.pairs,
+            max_refinements=args.max_refinements, run_id=args.run_id, on_event=on_event))
     result = {"run_id": run_id, "out": str(out), "status": final.get("status"), "environment": final.get("env_id"),
               "kept": final.get("kept", []), "pairs": final.get("pairs_written", []), "log": str(out / "construction.json"),
               "wall_s_by_step": {k: round(v, 1) for k, v in steps.items()}, "costs": usage_costs(final.get("usage", []))}
@@ -430,6 +430,8 @@ def add_envs_build(envs: argparse._SubParsersAction) -> None:
     build.add_argument("--builder-model", type=model_spec, help="environment builder and tool coder (default: --model)")
     build.add_argument("--task-model", type=model_spec, help="task proposer (default: --model)")
     build.add_argument("--solver-model", type=model_spec, help="the independent solver (default: --model)")
+    build.add_argument("--solver-harness", default="H-small", help="the harness the solver's model runs in (a built-in name or a bundle directory)")
+    build.add_argument("--solver-tries", type=positive_int, default=3, help="solver attempts per task until the verifier accepts one")
     build.add_argument("--tasks", type=positive_int, default=3, help="tasks to propose")
     build.add_argument("--max-attempts", type=positive_int, default=3, help="drafts of the database, and of the tools, at most")
     build.add_argument("--max-turns", type=positive_int, default=12, help="solver turns per task")

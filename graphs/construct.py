@@ -29,6 +29,7 @@ import json
 import operator
 import re
 import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -43,13 +44,12 @@ from envs.construct import (add_missing_keys, coerce_rows, database_problems, de
                             public_context, read_tools_module, starting_module, task_problems, task_spec, tidy_task, tool_functions,
                             without_tools, write_database, write_tools_module)
 from envs.grow import grow, naming_columns, referenced_first
-from envs.runtime import EnvInstance
 from envs.spec import SpecError, load_database, load_environment
-from envs.untrusted import EnvironmentFault
 from graphs.env_evolution import ProposalInput, menu_of, proposal_graph
+from graphs.episode import run_task
 from harness.tool_sandbox import ToolSandboxError, check_task, check_tools
+from roles.models import KINDS, InfrastructureError
 from roles.environment_builder import environment_builder as build_database, more_names, more_rows
-from roles.solver import solver as solve
 from roles.task_proposer import describe_tools, task_proposer as propose_tasks
 from roles.task_reviewer import task_reviewer as review_task
 from roles.tool_coder import tool_coder as code_tools, tool_declarations as declare_tools
@@ -72,6 +72,7 @@ class ConstructInput(TypedDict):
     max_attempts: int
     max_turns: int
     rows: NotRequired[int]  # grow each templated table to this many rows (0: the rows as written)
+    solver_tries: NotRequired[int]  # solver attempts per task until the verifier accepts one (default 1)
     pairs: NotRequired[int]  # certified twins to seek per kept task (0: stop at tasks)
     max_refinements: NotRequired[int]
 
@@ -97,18 +98,21 @@ class ConstructState(ConstructInput, ConstructOutput, total=False):
     task_attempt: int
     task_feedback: str
     attempts: Annotated[dict[str, SolverAttempt], merge]
+    verdicts: Annotated[dict[str, tuple[tuple[str, ...], str]], merge]  # task id: the verifier's problems, what it checked
     verified: list[TaskSpec]
     targets: list[ProposalTarget]
     outcomes: Annotated[dict[str, ProposalOutcome], merge]
 
 
 class SolverInput(TypedDict):
-    """All a solver gets: where the public tools are, the instruction, its turn limit."""
+    """One proposed task to solve: the harness and its model get only its instruction (and the public tools and
+    context of the environment at `out`); its rules stay in the node, which checks each attempt with them."""
 
     out: str
-    task_id: str
-    instruction: str
+    draft: TaskDraft
+    round: int
     max_turns: int
+    tries: int
 
 
 def _feedback(problems: list[str]) -> str:
@@ -290,31 +294,52 @@ async def task_proposer(state: ConstructState, runtime: Runtime[Context]) -> dic
 def fan_out_tasks(state: ConstructState) -> list[Send] | str:
     if not state["drafts"]:
         return "task_proposer" if state["task_attempt"] < state["max_attempts"] else "recorder"
-    return [Send("solver", SolverInput(out=state["out"], task_id=d.id, instruction=d.instruction, max_turns=state["max_turns"]))
-            for d in state["drafts"]]
+    return [Send("solver", SolverInput(out=state["out"], draft=d, round=state["task_attempt"], max_turns=state["max_turns"],
+                                       tries=state.get("solver_tries", 1))) for d in state["drafts"]]
 
 
 async def solver(state: SolverInput, runtime: Runtime[Context]) -> dict:
-    """Attempts one task through the sandboxed public tools, knowing only the instruction and the
-    environment's public context; writes `attempts`, `usage`."""
-    ctx = runtime.context
-    context = await asyncio.to_thread(public_context, Path(state["out"]))
-    try:  # generated tools: every instance is served from a sandboxed child (envs.untrusted)
-        instance = await asyncio.to_thread(EnvInstance, await asyncio.to_thread(load_environment, state["out"]))
-    except (SpecError, EnvironmentFault) as exc:
-        attempt = SolverAttempt(task_id=state["task_id"], answer="", termination="tool_server_error", error=str(exc))
-        return {"attempts": {state["task_id"]: attempt}, "usage": []}
+    """Attempts one task with the solver harness (`solver_harness`, driven by `solver_model`) through the sandboxed
+    public tools, knowing only the instruction and the environment's public context, up to `tries` times until the
+    verifier accepts the outcome (a failed attempt is the solver's; rules the verifier finds wanting are not retried);
+    writes `attempts`, `verdicts`, `usage`."""
+    ctx, out, draft = runtime.context, Path(state["out"]), state["draft"]
+    public = await asyncio.to_thread(public_context, out)
     try:
-        attempt = await solve(state["task_id"], state["instruction"], context, instance.public_tools,
-                              lambda name, args: asyncio.to_thread(instance.call, name, args), ctx.solver_model,
-                              state["max_turns"], ctx.model_timeout_s)
-    finally:
-        await asyncio.to_thread(instance.close)
-    return {"attempts": {state["task_id"]: attempt}, "usage": list(attempt.usage)}
+        env = await asyncio.to_thread(load_environment, out)
+    except SpecError as exc:
+        attempt = SolverAttempt(task_id=draft.id, answer="", termination="environment_error", error=str(exc))
+        return {"attempts": {draft.id: attempt}, "verdicts": {draft.id: ((f"the environment does not load: {exc}",), "")}, "usage": []}
+    run = replace(ctx, agent_model=ctx.solver_model, max_turns=state["max_turns"])
+    usage: list[UsageRecord] = []
+    for n in range(1, state["tries"] + 1):
+        result = await run_task(ctx.solver_harness, draft.instruction, public, env, run, f"solver:{draft.id}:{state['round']}:{n}")
+        if result["termination"] == "infrastructure_error":  # the endpoint's failure, never the solver's: the run stops, to resume
+            kind, _, detail = result.get("error", "").partition(": ")
+            raise InfrastructureError(kind if kind in KINDS else "server_error", detail)
+        usage += [u.model_copy(update={"role": "solver"}) for u in result.get("usage", [])]
+        attempt = SolverAttempt(task_id=draft.id, answer=result.get("answer", ""), observations=tuple(result.get("observations", [])),
+                                termination=result["termination"], error=result.get("error", ""), tries=n)
+        if attempt.termination != "final_answer":
+            verdict = ((f"a solver given only the instruction and the tools did not finish it ({_ran(attempt)[:200]})",), "")
+            continue
+        task = task_spec(draft, tuple(ToolCall(tool=o.tool, args=o.args) for o in attempt.observations if o.ok), attempt.answer)
+        problems, shown = await _verification(out, task, attempt)
+        verdict = (tuple(problems), shown)
+        if not problems or any(not p.startswith(SOLVER_FAULTS) for p in problems):
+            break
+    return {"attempts": {draft.id: attempt}, "verdicts": {draft.id: verdict}, "usage": usage}
+
+
+def _ran(attempt: SolverAttempt) -> str:
+    return f"{attempt.termination}: {len(attempt.observations)} calls" + (f"; {attempt.error}" if attempt.error else "")
 
 
 def _same(a: Observation, b: Observation) -> bool:
     return (a.tool, a.args, a.ok, a.output, a.error_code) == (b.tool, b.args, b.ok, b.output, b.error_code)
+
+
+SOLVER_FAULTS = ("the replay differs", "the verifier rejects the solver's outcome")  # another attempt may do better
 
 
 async def _verification(out: Path, task: TaskSpec, attempt: SolverAttempt) -> tuple[list[str], str]:
@@ -336,27 +361,24 @@ async def _verification(out: Path, task: TaskSpec, attempt: SolverAttempt) -> tu
 
 
 async def verifier(state: ConstructState) -> dict:
-    """Replays each solver attempt in the sandbox and passes a task on when its verifier accepts the replay and
-    rejects every perturbed outcome; the problems of the others go into the task proposer's feedback; writes
-    `verified`, `decisions`, `task_feedback`."""
-    out, round_ = Path(state["out"]), state["task_attempt"]
+    """Passes a task on when the verifier accepted the replay of a solver attempt and rejected every perturbed
+    outcome; the problems of the others go into the task proposer's feedback; writes `verified`, `decisions`,
+    `task_feedback`."""
+    round_ = state["task_attempt"]
     decisions, verified, problems_all = [], [], []
     for draft in state["drafts"]:
-        attempt = state["attempts"][draft.id]
+        attempt, (problems, shown) = state["attempts"][draft.id], state["verdicts"][draft.id]
         finished = attempt.termination == "final_answer"
-        ran = f"{attempt.termination}: {len(attempt.observations)} calls" + (f"; {attempt.error}" if attempt.error else "")
+        tries = f" (try {attempt.tries})" if attempt.tries > 1 else ""
         decisions.append(Decision(step="solver", subject=draft.id, attempt=round_, accepted=finished,
-                                  reasons=(f"{ran}; answer {attempt.answer[:300]!r}",)))
+                                  reasons=(f"{_ran(attempt)}{tries}; answer {attempt.answer[:300]!r}",)))
+        problems_all += [f"task {draft.id}: {p}" for p in problems]
         if not finished:
-            problems_all.append(f"task {draft.id}: a solver given only the instruction and the tools did not finish it ({ran[:200]})")
             continue
-        task = task_spec(draft, tuple(ToolCall(tool=o.tool, args=o.args) for o in attempt.observations if o.ok), attempt.answer)
-        problems, shown = await _verification(out, task, attempt)
         decisions.append(Decision(step="verification", subject=draft.id, attempt=round_, accepted=not problems,
                                   reasons=tuple(problems) or (shown,)))
-        problems_all += [f"task {draft.id}: {p}" for p in problems]
         if not problems:
-            verified.append(task)
+            verified.append(task_spec(draft, tuple(ToolCall(tool=o.tool, args=o.args) for o in attempt.observations if o.ok), attempt.answer))
     return {"verified": verified, "decisions": decisions, "task_feedback": _more(state.get("task_feedback", ""), problems_all)}
 
 

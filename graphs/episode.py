@@ -43,7 +43,7 @@ from harness.remote import HookError, SandboxedHarness
 from roles.journal import call_scope, run_thread
 from roles.models import ChatModel, ContextLimitError, InfrastructureError, chat_model
 from state.context import Context, EpisodeRequest
-from state.records import Observation, ToolInfo, UsageRecord, capped
+from state.records import EnvironmentSpec, Observation, ToolInfo, UsageRecord, capped
 
 Termination = Literal["final_answer", "turn_limit", "context_limit", "infrastructure_error", "harness_error", "environment_error"]
 TOOL_CRASH = "internal_error"  # the code `envs.runtime` gives a tool that raised or returned a value that is not JSON
@@ -55,10 +55,11 @@ class EnvironmentFault(RuntimeError):
 
 @dataclass
 class Live:
-    """What an episode holds open between nodes: the pair and the MCP session
-    opened by `run_episode`, and the harness, view and model made by `setup`."""
+    """What an episode holds open between nodes: the request, the public context and the MCP session opened by
+    `run_episode` (or `run_task`), and the harness, view and model made by `setup`."""
 
-    entry: Entry
+    instruction: str
+    context: str
     session: ClientSession
     harness: BaseHarness | None = None
     view: EpisodeView | None = None
@@ -119,7 +120,6 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     if live is None:  # invoked on its own, e.g. from LangGraph Studio
         raise RuntimeError(f"episode {state['episode_id']!r} has no open environment: the episode graph runs "
                            "inside run_episode, which opens the pair's MCP session; run the `evaluate` graph instead")
-    entry = live.entry
     bundle = await asyncio.to_thread(load_bundle, request.bundle)
     listed = (await live.session.list_tools()).tools
     tools = [
@@ -144,7 +144,7 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
             raise _fault(observation)
         return observation
 
-    view = EpisodeView(instruction=entry.pair.task.instruction.strip(), context=public_context(entry), tools=tools,
+    view = EpisodeView(instruction=live.instruction.strip(), context=live.context, tools=tools,
                        config=bundle.config, prompts=bundle.prompts, skills=bundle.skills, ask=ask, lookup=lookup)
     # Only a built-in bundle's code runs in this process; a candidate's runs in the sandbox.
     harness = bundle.harness() if bundle.trusted else SandboxedHarness(bundle)
@@ -316,20 +316,31 @@ async def run_episode(request: EpisodeRequest, context: Context, episode_id: str
     it) and the MCP session opened and closed here, in one task, around the graph run."""
     catalog = context.catalog or str(CATALOG)
     entry = entry or await asyncio.to_thread(load_entry, request.pair_id, catalog)
-    thread = run_thread()
     async with environment_session(entry, request.side, catalog, context.env_transport) as session:
-        LIVE[episode_id] = Live(entry=entry, session=session)
-        run = graph.ainvoke({"request": request, "episode_id": episode_id}, context=context,
-                            config={"recursion_limit": 4 * 64 + 10})
-        try:
-            # A fresh contextvars context: the episode is the unit of the rollout
-            # cache and must not become a checkpointed subgraph of an evaluation.
-            # Its model calls are journaled under the run and its id, so a resumed
-            # run replays the turns an interrupted attempt already had answered,
-            # and another run (another ledger) makes its own calls.
-            scope = f"{thread}/episode:{episode_id}" if thread else None
-            return await asyncio.get_running_loop().create_task(_journaled_as(scope, run), context=contextvars.Context())
-        finally:
-            live = LIVE.pop(episode_id)
-            if isinstance(live.harness, SandboxedHarness):
-                await live.harness.aclose()
+        return await _run(request, context, episode_id, Live(entry.pair.task.instruction, public_context(entry), session))
+
+
+async def run_task(bundle: str, instruction: str, public: str, env: EnvironmentSpec, context: Context, episode_id: str) -> dict:
+    """One episode of `bundle` on a request that is no pair yet (a proposed task on a built environment), with the
+    public context `public`, on a fresh instance of `env` served in this process."""
+    async with memory_session(env) as session:
+        return await _run(EpisodeRequest(pair_id=episode_id, side="act", bundle=bundle), context, episode_id,
+                          Live(instruction, public, session))
+
+
+async def _run(request: EpisodeRequest, context: Context, episode_id: str, live: Live) -> dict:
+    LIVE[episode_id] = live
+    run = graph.ainvoke({"request": request, "episode_id": episode_id}, context=context, config={"recursion_limit": 4 * 64 + 10})
+    thread = run_thread()
+    try:
+        # A fresh contextvars context: the episode is the unit of the rollout
+        # cache and must not become a checkpointed subgraph of an evaluation.
+        # Its model calls are journaled under the run and its id, so a resumed
+        # run replays the turns an interrupted attempt already had answered,
+        # and another run (another ledger) makes its own calls.
+        scope = f"{thread}/episode:{episode_id}" if thread else None
+        return await asyncio.get_running_loop().create_task(_journaled_as(scope, run), context=contextvars.Context())
+    finally:
+        LIVE.pop(episode_id)
+        if isinstance(live.harness, SandboxedHarness):
+            await live.harness.aclose()

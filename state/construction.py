@@ -80,9 +80,9 @@ class SolverAttempt(Record):
     task_id: str
     answer: str
     observations: tuple[Observation, ...] = ()
-    termination: Literal["final_answer", "turn_limit", "tool_server_error"]
+    termination: Literal["final_answer", "turn_limit", "context_limit", "harness_error", "environment_error"]
     error: str = ""
-    usage: tuple[UsageRecord, ...] = ()
+    tries: int = 1  # which attempt this is
 
 
 class Decision(Record):

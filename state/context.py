@@ -19,6 +19,7 @@ class Context:
     builder_model: str = "local"  # environment builder and tool coder (construction from a theme)
     task_model: str = "local"  # task proposer
     solver_model: str = "local"  # the independent solver of proposed tasks
+    solver_harness: str = "H-small"  # the harness bundle the solver's model runs in
     catalog: str = ""
     ledger: str | None = None
     max_infra_retries: int = 2

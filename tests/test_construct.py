@@ -4,13 +4,15 @@ task proposal, the independent solver on public tools only, and the
 verifier's replay and perturbation test that decides which tasks are kept."""
 
 import asyncio
+import collections
 import json
 from pathlib import Path
+from string import Template
 
 import pytest
 import yaml
 from langgraph.checkpoint.memory import InMemorySaver
-from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 
 from envs.catalog import load_catalog, load_parent, task_ids
 from envs.certify import certify
@@ -20,6 +22,7 @@ from envs.runtime import EnvInstance
 from envs.spec import load_database, load_environment, tool_infos
 from graphs import cli
 from graphs.construct import builder
+from harness.bundle import load_bundle
 from harness.tool_sandbox import check_tools
 from prompts import render
 from roles import scripted
@@ -136,25 +139,24 @@ UNKNOWN_TABLE = {"id": "renew-loan", "instruction": "Renew my loan of Mountain B
 
 
 def librarian(messages, tools):
-    """A solver policy, one structured action a turn over the folded conversation: find the book the request
-    names, lend it to the member, report the copies left."""
+    """A solver policy: find the book the request names, lend it to the member, report the copies left."""
     request = next(m.content for m in messages if isinstance(m, HumanMessage))
     title, member = ("The Tide Atlas", "Ada Park") if "Tide Atlas" in request else ("River Songs", "Ben Ode")
-    results = [json.loads(line.split(": ", 1)[1]) for m in messages if isinstance(m, HumanMessage)
-               for line in m.content.split("\n\n") if line.startswith("Result of ")]
+    results = [json.loads(m.content) for m in messages if isinstance(m, ToolMessage)]
     if not results:
-        return {"tool": "list_books", "arguments": {}}
+        return {"tool_calls": [{"name": "list_books", "args": {}}]}
     if len(results) == 1:
         book = next(b for b in results[0] if b["title"] == title)
-        return {"tool": "lend_book", "arguments": {"book_id": book["book_id"], "member": member}}
-    return {"final_answer": f"Lent {title} to {member}; {results[1]['copies_left']} copies are left on the shelf."}
+        return {"tool_calls": [{"name": "lend_book", "args": {"book_id": book["book_id"], "member": member}}]}
+    return f"Lent {title} to {member}; {results[1]['copies_left']} copies are left on the shelf."
 
 
 @pytest.fixture
 def context(tmp_path, monkeypatch):
     monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
     scripted.clear()
-    yield Context(builder_model="scripted:builder", task_model="scripted:proposer", solver_model="scripted:solver",
+    # the solver runs in H0 (text turns, no hook asks its model anything) so the scripted solver is one policy
+    yield Context(builder_model="scripted:builder", task_model="scripted:proposer", solver_model="scripted:solver", solver_harness="H0",
                   reviewer_model="scripted:reviewer", proposer_model="scripted:chooser", ledger=str(tmp_path / "ledger.db"))
     scripted.clear()
 
@@ -242,8 +244,8 @@ def test_the_solver_sees_only_the_instruction_the_public_context_and_the_public_
     assert build(context, out)["kept"] == ["lend-tide-atlas"]
     scripted.assert_consumed()
     calls = scripted.calls("solver")
-    assert calls[0].messages == [SystemMessage(render("solver", context="Books and loans of the city library on 2026-03-02.")),
-                                 HumanMessage(KEPT["instruction"])]
+    system = Template(load_bundle("H0").prompts["system"]).substitute(context="Books and loans of the city library on 2026-03-02.")
+    assert calls[0].messages == [SystemMessage(system.strip()), HumanMessage(KEPT["instruction"])]
     public = EnvInstance(load_environment(out)).public_tools
     assert [t.name for t in public] == ["search_branches", "get_branch", "search_books", "get_book", "list_books", "lend_book",
                                         "list_branches"] and all(c.tools == public for c in calls)
@@ -255,6 +257,30 @@ def test_the_solver_sees_only_the_instruction_the_public_context_and_the_public_
     (tmp_path / "stage").mkdir()
     staged = stage_public(out, tmp_path / "stage")  # what a sandboxed tool server gets: no tasks, no log
     assert sorted(p.name for p in staged.iterdir()) == ["environment.yaml", "rows", "tools.checks.json", "tools.py"]
+
+
+def test_the_solver_tries_again_when_the_verifier_rejects_its_outcome_not_when_it_rejects_the_rules(context, tmp_path):
+    starts = collections.Counter()
+
+    def forgetful_first(messages, tools):  # its first attempt at the Tide Atlas answers without lending the book
+        request = next(m.content for m in messages if isinstance(m, HumanMessage))
+        looked = any(isinstance(m, ToolMessage) for m in messages)
+        starts[request] += not looked
+        if "Tide Atlas" in request and starts[request] == 1 and looked:
+            return "The Tide Atlas is on the shelf."
+        return librarian(messages, tools)
+
+    scripted.register("builder", [LIBRARY, *coded(GOOD_TOOLS)])
+    scripted.register("proposer", [{"tasks": [KEPT, LOOSE]}])
+    scripted.register("solver", [forgetful_first] * 8)  # Tide Atlas: 2 + 3 calls; River Songs: 3, once
+    scripted.register("reviewer", [ACCEPT])
+    final = build(context, tmp_path / "library", solver_tries=2, max_attempts=1)
+    scripted.assert_consumed()
+    assert final["kept"] == ["lend-tide-atlas"] and starts == {KEPT["instruction"]: 2, LOOSE["instruction"]: 1}
+    reasons = {(d.step, d.subject): (d.accepted, d.reasons[0]) for d in final["decisions"]}
+    assert reasons["solver", "lend-tide-atlas"][1].startswith("final_answer: 2 calls (try 2); answer 'Lent The Tide Atlas")
+    assert reasons["verification", "lend-tide-atlas"][0] is True
+    assert reasons["verification", "lend-river-songs"] == (False, "the verifier accepts a perturbed outcome: writes left out")
 
 
 def test_the_coding_loop_is_bounded_and_ends_with_the_example_write_tool(context, tmp_path):
@@ -448,7 +474,7 @@ def test_cli_builds_an_environment(context, tmp_path, capsys):
     scripted.register("maker", [LIBRARY, *coded(GOOD_TOOLS), {"tasks": [KEPT]}, ACCEPT])
     scripted.register("solver", [librarian] * 3)
     code = cli.main(["--ledger", context.ledger, "envs", "build", "--theme", THEME, "--model", "scripted:maker",
-                     "--solver-model", "scripted:solver", "--out", str(out), "--tasks", "1", "--rows", "0", "--pairs", "0", "--json"])
+                     "--solver-model", "scripted:solver", "--solver-harness", "H0", "--out", str(out), "--tasks", "1", "--rows", "0", "--pairs", "0", "--json"])
     scripted.assert_consumed()
     result = json.loads(capsys.readouterr().out)
     assert code == 0
