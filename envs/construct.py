@@ -149,6 +149,31 @@ def drop_loose_references(draft: DatabaseDraft) -> tuple[DatabaseDraft, list[str
     return draft.model_copy(update={"tables": tables}), notes
 
 
+def add_implied_references(draft: DatabaseDraft) -> tuple[DatabaseDraft, list[str]]:
+    """The draft with a reference added where a column without one is named and typed as another table's primary
+    key and every value it holds is a key of that table (a small model writes `rentals.user_id` and declares no
+    reference to `users`, so rows would grow with users that do not exist); a note for each."""
+    keyed = {}
+    for t in draft.tables:
+        keyed.setdefault(t.primary_key, []).append(t)
+    notes, tables = [], []
+    for t in draft.tables:
+        columns = []
+        for c in t.columns:
+            target = keyed.get(c.name, [])
+            if c.references is None and c.name != t.primary_key and len(target) == 1 and target[0].name != t.name:
+                other = target[0]
+                keys = {r.get(other.primary_key) for r in other.rows}
+                kind = next((k.type for k in other.columns if k.name == other.primary_key), None)
+                if kind == c.type and other.rows and all(r.get(c.name) in keys for r in t.rows if r.get(c.name) is not None):
+                    c = c.model_copy(update={"references": f"{other.name}.{other.primary_key}"})
+                    notes.append(f"tables.{t.name}.columns.{c.name}: refers to {c.references} (named and typed as its key; "
+                                 "every value is one)")
+            columns.append(c)
+        tables.append(t.model_copy(update={"columns": columns}))
+    return draft.model_copy(update={"tables": tables}), notes
+
+
 def _column(c) -> str:
     return f"{c.type}{'?' if c.nullable else ''}" + (f" -> {c.references}" if c.references else "")
 

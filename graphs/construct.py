@@ -40,7 +40,7 @@ from langgraph.types import Command, Send
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_parent
-from envs.construct import (add_missing_keys, coerce_rows, database_problems, describe_database, drop_loose_references, example_write_tool,
+from envs.construct import (add_implied_references, add_missing_keys, coerce_rows, database_problems, describe_database, drop_loose_references, example_write_tool,
                             public_context, read_tools_module, starting_module, task_problems, task_spec, tidy_task, tool_functions,
                             without_tools, write_database, write_tools_module)
 from envs.grow import grow, naming_columns, referenced_first
@@ -121,7 +121,8 @@ def _feedback(problems: list[str]) -> str:
 
 async def environment_builder(state: ConstructState, runtime: Runtime[Context]) -> Command[Literal["environment_builder", "tool_coder", "recorder"]]:
     """Drafts the database (an id made kebab-case, a primary key left out of the columns added, references naming no
-    column dropped, values of another type with one reading converted), gives short tables more rows and naming
+    column dropped, references a column's name and values imply added, values of another type with one reading
+    converted), gives short tables more rows and naming
     columns new names from the builder, grows the tables to `rows`, and writes it to the output directory; on
     problems, drafts again within `max_attempts`; writes `decisions`, `env_id`, `attempt`, `feedback`."""
     ctx, out = runtime.context, Path(state["out"])
@@ -133,6 +134,8 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     notes += dropped
     draft, converted = coerce_rows(draft)
     notes += converted
+    draft, implied = add_implied_references(draft)
+    notes += implied
     usage, grown, written = [usage], [], 0
     if state.get("rows") and not database_problems(draft):
         draft, more = await _top_up(draft, state["theme"], ctx)

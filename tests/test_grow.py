@@ -4,7 +4,7 @@ kept, seeded, and a table that stops when its values run out."""
 
 import datetime as dt
 
-from envs.construct import add_missing_keys, coerce_rows, database_problems, drop_loose_references, write_database
+from envs.construct import add_implied_references, add_missing_keys, coerce_rows, database_problems, drop_loose_references, write_database
 from envs.grow import grow, naming_columns
 from envs.spec import load_database
 from state.construction import DatabaseDraft
@@ -107,6 +107,22 @@ def test_a_primary_key_left_out_of_the_columns_is_added_from_the_rows_or_counted
     assert draft.model_dump() == DatabaseDraft.model_validate(DRAFT).model_dump()  # LOANS' references hold again
     draft, notes = drop_loose_references(draft)
     assert notes == [] and database_problems(draft) == []
+
+
+def test_a_reference_a_column_is_named_typed_and_filled_as_is_added():
+    bare = [{k: v for k, v in c.items() if k != "references"} for c in LOANS["columns"]]
+    loans = {**LOANS, "columns": bare}
+    draft, notes = add_implied_references(DatabaseDraft.model_validate({**DRAFT, "tables": [loans, MEMBERS, TITLES]}))
+    assert draft.model_dump() == DatabaseDraft.model_validate(DRAFT).model_dump()
+    assert notes == ["tables.loans.columns.member_id: refers to members.member_id (named and typed as its key; every value is one)",
+                     "tables.loans.columns.title_id: refers to titles.title_id (named and typed as its key; every value is one)"]
+    # a value that is no key, or a type that differs, implies nothing
+    stray = {**loans, "rows": [{**LOANS["rows"][0], "member_id": "M-9999"}, {**LOANS["rows"][1], "title_id": None}]}
+    other = {**loans, "columns": [*bare[:2], {"name": "title_id", "type": "text"}, *bare[3:]],
+             "rows": [{**r, "title_id": str(r["title_id"])} for r in LOANS["rows"]]}
+    for table, references in ((stray, [None, "titles.title_id"]), (other, ["members.member_id", None])):
+        draft, _ = add_implied_references(DatabaseDraft.model_validate({**DRAFT, "tables": [table, MEMBERS, TITLES]}))
+        assert [c.references for c in draft.tables[0].columns][1:3] == references
 
 
 def test_values_of_another_type_with_one_reading_are_converted():
