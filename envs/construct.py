@@ -25,13 +25,13 @@ import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
 
-from envs.answers import cut, spans, states
+from envs.answers import contains_text, cut, spans, states
 from envs.certify import perturbations, replay
 from envs.match import ANY
 from envs.runtime import EnvInstance, diff_rows, initial_rows
 from envs.spec import SpecError, Tool, load_database, load_environment, load_tools
 from envs.verify import Outcome, verify
-from state.construction import ColumnDraft, DatabaseDraft, InvalidCall, TaskCheck, TaskDraft, ToolDeclaration, ToolsDraft
+from state.construction import ColumnDraft, DatabaseDraft, InvalidCall, TaskCheck, TaskDraft, TaskSeed, ToolDeclaration, ToolsDraft
 from state.records import AnswerCheck, EnvironmentSpec, ReferenceSolution, RowChange, TableSpec, TaskSpec, ToolCall, ToolInfo
 
 DECLARATIONS = "tools.checks.json"
@@ -550,6 +550,28 @@ def task_problems(draft: TaskDraft, tables: tuple[TableSpec, ...], rows: dict[st
         out.append(f"{where}: {len(draft.answer) + len(draft.state)} check(s); at least {MIN_CHECKS} answer or state checks")
     out += [f"{where}: the instruction says {w!r}" for w in _GIVEAWAYS if w in draft.instruction.casefold()]
     return out
+
+
+def request_problems(instruction: str, seed: TaskSeed) -> list[str]:
+    """What a request written for a seed lacks or gives away: each record named as its user knows it (by its key when
+    it has no name), each detail the call takes, and never a value the user asks to be told."""
+    out = []
+    for n in seed.named:
+        if n.label and not contains_text(instruction, n.label):
+            out.append(f"the request does not name {n.label!r}; name it exactly so")
+        elif not n.label and not states(instruction, AnswerCheck(name=n.arg, value=n.key)):
+            out.append(f"the request does not give the {n.arg.replace('_', ' ')} {n.key}")
+    out += [f"the request does not give the {k.replace('_', ' ')} {v}" for k, v in seed.details.items()
+            if not states(instruction, AnswerCheck(name=k, value=v))]
+    out += [f"the request gives away the {c.name.replace('_', ' ')} ({c.value}); ask for it instead" for c in seed.answer if states(instruction, c)]
+    return out
+
+
+def seed_task_id(seed: TaskSeed) -> str:
+    """A kebab-case id for a seed's task: its tool and the first record it names."""
+    named = next(iter(seed.named), None)
+    subject = (named.label or f"{named.table}-{named.key}") if named else ""
+    return re.sub(r"[^a-z0-9]+", "-", f"{seed.tool} {subject}".casefold()).strip("-")[:63]
 
 
 def _names_a_record(instruction: str, rows: dict[str, tuple[dict, ...]]) -> bool:

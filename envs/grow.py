@@ -93,7 +93,7 @@ def naming_columns(tables: list[TableDraft]) -> list[tuple[str, str]]:
             continue
         for c in table.columns:
             values = [r.get(c.name) for r in table.rows if isinstance(r.get(c.name), str)]
-            if (c.name != table.primary_key and not c.references and _identifying(c, table.rows) and not _person(table.name, c.name)
+            if (c.name != table.primary_key and not c.references and _identifying(c, table.rows) and not person_column(table.name, c.name)
                     and "@" not in "".join(values)
                     and sum(" " in v for v in values) * 2 > len(values) and sum(bool(re.search(r"\d", v)) for v in values) * 2 <= len(values)):
                 found.append((table.name, c.name))
@@ -190,7 +190,7 @@ def _identifying(column: ColumnDraft, rows: list[dict]) -> bool:
     return bool(_PERSON.search(column.name)) or sum(v in FIRST or v in LAST for v in values) * 2 >= len(values)
 
 
-def _person(table: str, column: str) -> bool:
+def person_column(table: str, column: str) -> bool:
     """The column is named for a person, or is the `name` of a table of people."""
     return bool(_PERSON.search(column) or column == "name" and _PERSON.search(table))
 
@@ -228,7 +228,7 @@ def _pools(table: str, column: ColumnDraft, rows: list[dict]) -> dict[tuple, lis
     position that holds first or last names (most of its words are such names, or the column, or a `name` column's
     table, is named for a person) takes the built-in names too."""
     values = [r[column.name] for r in rows if isinstance(r.get(column.name), str)]
-    person = _person(table, column.name)
+    person = person_column(table, column.name)
     pools: dict[tuple, list[list[str]]] = {}
     split = [_TOKEN.findall(v) for v in values]
     for tokens in split:

@@ -355,7 +355,7 @@ def envs_build(args: argparse.Namespace) -> int:
     if not args.run_id and out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out}: not empty; give a new or empty directory (or --run-id to resume)")
     context = Context(builder_model=args.builder_model or args.model, task_model=args.task_model or args.model,
-                      solver_model=args.solver_model or args.model, solver_harness=args.solver_harness,
+                      solver_model=args.solver_model or args.model, solver_harness=args.solver_harness, task_proposals=args.task_proposals,
                       proposer_model=args.proposer_model or args.model, reviewer_model=args.reviewer_model or args.model, ledger=args.ledger)
     reachable(*role_specs(args, "builder_model", "task_model", "solver_model", "proposer_model", "reviewer_model"))
     steps: dict[str, float] = {}
@@ -433,6 +433,9 @@ def add_envs_build(envs: argparse._SubParsersAction) -> None:
     build.add_argument("--solver-harness", default="H-small", help="the harness the solver's model runs in (a built-in name or a bundle directory)")
     build.add_argument("--solver-tries", type=positive_int, default=3, help="solver attempts per task until the verifier accepts one")
     build.add_argument("--tasks", type=positive_int, default=3, help="tasks to propose")
+    build.add_argument("--task-proposals", choices=PROPOSALS, default="menu",
+                       help="menu: each task a change the write tools make on the initial state, the model writing only its "
+                            "request (for small models); free: the model writes tasks with their rules (default: menu)")
     build.add_argument("--max-attempts", type=positive_int, default=3, help="drafts of the database, and of the tools, at most")
     build.add_argument("--max-turns", type=positive_int, default=12, help="solver turns per task")
     build.add_argument("--rows", type=non_negative_int, default=200, help="grow each table the builder wrote rows for to this many (0: as written)")

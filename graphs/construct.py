@@ -41,17 +41,18 @@ from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_parent
 from envs.construct import (add_implied_references, add_missing_keys, coerce_rows, database_problems, describe_database, drop_loose_references, example_write_tool,
-                            public_context, read_tools_module, starting_module, task_problems, task_spec, tidy_task, tool_functions,
+                            public_context, read_tools_module, request_problems, seed_task_id, starting_module, task_problems, task_spec, tidy_task, tool_functions,
                             without_tools, write_database, write_tools_module)
 from envs.grow import grow, naming_columns, referenced_first
 from envs.spec import SpecError, load_database, load_environment
 from graphs.env_evolution import ProposalInput, menu_of, proposal_graph
 from graphs.episode import run_task
-from harness.tool_sandbox import ToolSandboxError, check_task, check_tools
+from harness.tool_sandbox import ToolSandboxError, check_task, check_tools, sandboxed_seeds
 from roles.models import KINDS, InfrastructureError
 from roles.environment_builder import environment_builder as build_database, more_names, more_rows
 from roles.task_proposer import describe_tools, task_proposer as propose_tasks
 from roles.task_reviewer import task_reviewer as review_task
+from roles.task_writer import task_writer as write_request
 from roles.tool_coder import tool_coder as code_tools, tool_declarations as declare_tools
 from state.construction import DatabaseDraft, Decision, SolverAttempt, TaskDraft, ToolsDraft
 from state.context import Context
@@ -271,17 +272,23 @@ async def tool_validator(state: ConstructState) -> Command[Literal["tool_coder",
 
 
 async def task_proposer(state: ConstructState, runtime: Runtime[Context]) -> dict:
-    """Proposes tasks with their verification rules (again, with every problem found, while none is kept) and keeps
-    those that pass the pre-checks, ids made kebab-case and checks the instruction states dropped; writes `drafts`,
-    `decisions`, `task_attempt`, `task_feedback`."""
+    """Proposes tasks (again, with every problem found, while none is kept) and keeps those that pass the pre-checks,
+    ids made kebab-case and checks the instruction states dropped. With `task_proposals` "menu" each task is a change the
+    write tools make on the initial state (`envs.seeds`, drawn anew each round) whose request the task writer words
+    (asked again once with what it lacked); with "free" the task proposer writes tasks and their rules. Writes
+    `drafts`, `decisions`, `usage`, `task_attempt`, `task_feedback`."""
     ctx, out = runtime.context, Path(state["out"])
     attempt = state.get("task_attempt", 0) + 1
-    database = await asyncio.to_thread(describe_database, out, PROPOSER_ROWS)
-    proposed, usage = await propose_tasks(database, state["tools"], state["tasks"], state.get("task_feedback", ""), ctx.task_model,
-                                          ctx.model_timeout_s)
+    if ctx.task_proposals == "menu":
+        proposed, usage, decisions = await _seeded(state, ctx, out, attempt)
+    else:
+        database = await asyncio.to_thread(describe_database, out, PROPOSER_ROWS)
+        drafted, used = await propose_tasks(database, state["tools"], state["tasks"], state.get("task_feedback", ""), ctx.task_model,
+                                            ctx.model_timeout_s)
+        proposed, usage, decisions = drafted.tasks, [used], []
     _, tables, rows = await asyncio.to_thread(load_database, out)
-    drafts, decisions, seen, problems_all = [], [], set(), []
-    for draft in proposed.tasks:
+    drafts, seen, problems_all = [], set(), [p for d in decisions for p in d.reasons]
+    for draft in proposed:
         draft, notes = tidy_task(draft)
         problems = task_problems(draft, tables, rows, state["tools"]) + ([f"task {draft.id}: a duplicate id"] if draft.id in seen else [])
         seen.add(draft.id)
@@ -291,7 +298,38 @@ async def task_proposer(state: ConstructState, runtime: Runtime[Context]) -> dic
         problems_all += problems
         if not problems:
             drafts.append(draft)
-    return {"drafts": drafts, "decisions": decisions, "usage": [usage], "task_attempt": attempt, "task_feedback": _feedback(problems_all)}
+    return {"drafts": drafts, "decisions": decisions, "usage": usage, "task_attempt": attempt, "task_feedback": _feedback(problems_all)}
+
+
+async def _seeded(state: ConstructState, ctx: Context, out: Path, attempt: int) -> tuple[list[TaskDraft], list[UsageRecord], list[Decision]]:
+    """Drafts whose rules come from the seeds and whose requests the task writer words; a rejected decision for each
+    request that still lacks what its seed needs after a second try."""
+    try:
+        seeds = await sandboxed_seeds(out, state["tasks"], zlib.crc32(state["env_id"].encode()) + attempt)
+    except ToolSandboxError as exc:
+        return [], [], [Decision(step="task_proposal", subject=state["env_id"], attempt=attempt, accepted=False, reasons=(str(exc),))]
+    if not seeds:
+        return [], [], [Decision(step="task_proposal", subject=state["env_id"], attempt=attempt, accepted=False,
+                                 reasons=("no call of a write tool changed the initial state; nothing to ask for",))]
+    context = await asyncio.to_thread(public_context, out)
+    drafts, usage, decisions = [], [], []
+    for seed in seeds:
+        feedback = ""
+        for _ in range(2):
+            request, used = await write_request(context, seed, feedback, ctx.task_model, ctx.model_timeout_s)
+            usage.append(used)
+            problems = request_problems(request.instruction, seed)
+            if not problems:
+                break
+            feedback = _feedback(problems)
+        draft = TaskDraft(id=seed_task_id(seed), instruction=request.instruction, answer=list(seed.answer), state=list(seed.state),
+                          allowed_writes=list(seed.tables))
+        if problems:
+            decisions.append(Decision(step="task_proposal", subject=draft.id, attempt=attempt, accepted=False,
+                                      reasons=tuple(f"task {draft.id}: {p}" for p in problems)))
+        else:
+            drafts.append(draft)
+    return drafts, usage, decisions
 
 
 def fan_out_tasks(state: ConstructState) -> list[Send] | str:

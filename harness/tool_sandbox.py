@@ -11,6 +11,7 @@ print goes to the child's stderr, never into the protocol.
     python -m harness.tool_sandbox check DIR          one JSON line: {"problems", "tools", "failing"}
     python -m harness.tool_sandbox verify DIR TASK    one JSON line: a TaskCheck
     python -m harness.tool_sandbox menu DIR TASK      one JSON line: {"options"}, the task's mutation menu
+    python -m harness.tool_sandbox seeds DIR N SEED   one JSON line: {"seeds"}, up to N task seeds (`envs.seeds`)
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from pathlib import Path
 from envs.catalog import Parent
 from envs.construct import check_task as run_task_check, stage_public, tool_problems
 from envs.menu import Option, menu, remember
+from envs.seeds import task_seeds
 from envs.sandbox import run_sandboxed, workspace
 from envs.spec import SpecError, load_environment, run_untrusted_here
 from harness.remote import _Channel
-from state.construction import TaskCheck
+from state.construction import TaskCheck, TaskSeed
 from state.records import Mutation, TaskSpec, ToolInfo
 
 
@@ -70,6 +72,14 @@ async def check_task(directory: Path | str, task: TaskSpec, timeout_s: float = 1
     return TaskCheck.model_validate(result)
 
 
+async def sandboxed_seeds(directory: Path | str, count: int, seed: int, timeout_s: float = 600) -> list[TaskSeed]:
+    """Up to `count` task seeds of a built environment (`envs.seeds`), drawn with `seed` in a sandboxed child."""
+    result = await asyncio.to_thread(_run, Path(directory), ["seeds", str(count), str(seed)], timeout_s)
+    if "error" in result:
+        raise ToolSandboxError(f"{directory}: {result['error']}")
+    return [TaskSeed.model_validate(s) for s in result["seeds"]]
+
+
 async def sandboxed_menu(parent: Parent, timeout_s: float = 1800) -> list[Option]:
     """The mutation menu of a task on a generated environment, computed in one sandboxed child (where certifying the
     options runs the tools in process, not in a sandboxed child per instance) and remembered by this process's menu."""
@@ -88,6 +98,14 @@ def main(argv: list[str]) -> None:
     if command == "check":
         problems, tools, failing = tool_problems(directory)
         channel.send({"problems": problems, "tools": [t.model_dump(mode="json") for t in tools], "failing": failing})
+        return
+    if command == "seeds":
+        try:
+            seeds = task_seeds(directory, int(argv[2]), int(argv[3]))
+        except SpecError as exc:
+            channel.send({"error": str(exc)})
+            return
+        channel.send({"seeds": [s.model_dump(mode="json") for s in seeds]})
         return
     task = TaskSpec.model_validate_json(Path(directory, argv[2]).read_text())
     try:

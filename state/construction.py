@@ -74,6 +74,33 @@ class TaskDrafts(Record):
     tasks: list[TaskDraft]
 
 
+class Named(Record):
+    """A record a seed's call names by key (`arg`), and how its user names it (`label`; empty: by the key)."""
+
+    arg: str
+    table: str
+    key: Scalar
+    label: str = ""
+
+
+class TaskSeed(Record):
+    """A change a write tool makes on the initial state, for a task to ask for: the successful call, the records it
+    names, its other values, and the checks its outcome implies (answer values the call returned, rows it left)."""
+
+    tool: str
+    description: str
+    args: dict[str, Scalar]
+    named: tuple[Named, ...] = ()
+    details: dict[str, Scalar] = {}
+    answer: tuple[AnswerCheck, ...] = ()
+    state: tuple[StateCheck, ...] = ()
+    tables: tuple[str, ...] = ()
+
+
+class TaskRequest(Record):
+    instruction: str = Field(description="the user's request, in the user's words")
+
+
 class SolverAttempt(Record):
     """One solver run on a task: its final answer, every call it made, why it stopped."""
 

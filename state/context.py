@@ -17,7 +17,8 @@ class Context:
     proposals: str = "menu"  # "menu": proposers choose from changes derived from the parent; "free": they write whole mutations
     reviewer_model: str = "local"  # semantic and rescue reviewers
     builder_model: str = "local"  # environment builder and tool coder (construction from a theme)
-    task_model: str = "local"  # task proposer
+    task_model: str = "local"  # task proposer (or writer)
+    task_proposals: str = "menu"  # "menu": a task is a change the write tools make, the model words its request; "free": it writes the rules too
     solver_model: str = "local"  # the independent solver of proposed tasks
     solver_harness: str = "H-small"  # the harness bundle the solver's model runs in
     catalog: str = ""

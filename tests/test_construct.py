@@ -6,6 +6,7 @@ verifier's replay and perturbation test that decides which tasks are kept."""
 import asyncio
 import collections
 import json
+from dataclasses import replace
 from pathlib import Path
 from string import Template
 
@@ -23,12 +24,12 @@ from envs.spec import load_database, load_environment, tool_infos
 from graphs import cli
 from graphs.construct import builder
 from harness.bundle import load_bundle
-from harness.tool_sandbox import check_tools
+from harness.tool_sandbox import check_tools, sandboxed_seeds
 from prompts import render
 from roles import scripted
-from state.construction import DatabaseDraft, TaskDraft, ToolsDraft
+from state.construction import DatabaseDraft, Named, TaskDraft, TaskSeed, ToolsDraft
 from state.context import Context
-from state.records import ToolCall
+from state.records import AnswerCheck, StateCheck, ToolCall
 
 THEME = "a city library's books and loans"
 
@@ -156,7 +157,8 @@ def context(tmp_path, monkeypatch):
     monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
     scripted.clear()
     # the solver runs in H0 (text turns, no hook asks its model anything) so the scripted solver is one policy
-    yield Context(builder_model="scripted:builder", task_model="scripted:proposer", solver_model="scripted:solver", solver_harness="H0",
+    # tasks written whole by the proposer (`free`); `menu` tasks come from seeds (tests at the end)
+    yield Context(builder_model="scripted:builder", task_model="scripted:proposer", solver_model="scripted:solver", solver_harness="H0", task_proposals="free",
                   reviewer_model="scripted:reviewer", proposer_model="scripted:chooser", ledger=str(tmp_path / "ledger.db"))
     scripted.clear()
 
@@ -474,7 +476,7 @@ def test_cli_builds_an_environment(context, tmp_path, capsys):
     scripted.register("maker", [LIBRARY, *coded(GOOD_TOOLS), {"tasks": [KEPT]}, ACCEPT])
     scripted.register("solver", [librarian] * 3)
     code = cli.main(["--ledger", context.ledger, "envs", "build", "--theme", THEME, "--model", "scripted:maker",
-                     "--solver-model", "scripted:solver", "--solver-harness", "H0", "--out", str(out), "--tasks", "1", "--rows", "0", "--pairs", "0", "--json"])
+                     "--solver-model", "scripted:solver", "--solver-harness", "H0", "--task-proposals", "free", "--out", str(out), "--tasks", "1", "--rows", "0", "--pairs", "0", "--json"])
     scripted.assert_consumed()
     result = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -695,3 +697,53 @@ def test_tools_that_change_nothing_are_sent_back(context, tmp_path):
     scripted.assert_consumed()
     assert decisions(final)[-1] == ("tools", "city-library", 1, False)
     assert final["decisions"][-1].reasons[-1] == "no tool changes state: add the @write_tool functions this environment needs"
+
+
+def test_seeds_are_write_calls_that_succeed_on_records_like_the_declared_ones_with_the_checks_their_outcome_implies(tmp_path):
+    out = written(tmp_path / "library", GOOD_TOOLS)  # lend_book is declared on BK-1; BK-2 has no copy to lend
+    seeds = asyncio.run(sandboxed_seeds(out, 3, 1))
+    assert [s.args for s in seeds] == [{"book_id": "BK-3", "member": "Ada Park"}, {"book_id": "BK-1", "member": "Ada Park"}]
+    assert seeds[0] == TaskSeed(
+        tool="lend_book", description="Lends a copy of a book to a member.", args={"book_id": "BK-3", "member": "Ada Park"},
+        named=(Named(arg="book_id", table="books", key="BK-3", label="River Songs"),), details={"member": "Ada Park"},
+        answer=(AnswerCheck(name="loan_id", value="L-1"), AnswerCheck(name="copies_left", value=0)),
+        state=(StateCheck(table="books", match={"book_id": "BK-3", "copies": 0}),
+               StateCheck(table="books", match={"book_id": "BK-3", "copies": 1}, absent=True),
+               StateCheck(table="loans", match={"book_id": "BK-3", "member": "Ada Park"})),
+        tables=("books", "loans"))
+    read_only = json.loads(json.dumps(GOOD_TOOLS).replace('"read_only": false', '"read_only": true'))
+    assert asyncio.run(sandboxed_seeds(written(tmp_path / "reading", read_only), 3, 1)) == []  # no write tool, no seed
+
+
+def lender(messages, tools):
+    """A solver policy for any request: the book whose title it names, lent to the member it names."""
+    request = next(m.content for m in messages if isinstance(m, HumanMessage))
+    results = [json.loads(m.content) for m in messages if isinstance(m, ToolMessage)]
+    if not results:
+        return {"tool_calls": [{"name": "list_books", "args": {}}]}
+    if len(results) == 1:
+        book = next(b for b in results[0] if b["title"] in request)
+        member = "Ada Park" if "Ada Park" in request else "Ben Ode"
+        return {"tool_calls": [{"name": "lend_book", "args": {"book_id": book["book_id"], "member": member}}]}
+    return f"Done: loan {results[1]['loan_id']}, {results[1]['copies_left']} copies left."
+
+
+def test_a_menu_task_is_a_seed_whose_request_the_writer_words_and_words_again_with_what_it_lacked(context, tmp_path):
+    out = tmp_path / "library"
+    scripted.register("builder", [LIBRARY, *coded(GOOD_TOOLS)])
+    scripted.register("proposer", [{"instruction": "Please lend me River Songs and tell me the loan id and the copies left."},
+                                   {"instruction": "Please lend River Songs to Ada Park and tell me the loan id and the copies left."}])
+    scripted.register("solver", [lender] * 3)
+    scripted.register("reviewer", [ACCEPT])
+    final = build(replace(context, task_proposals="menu"), out, tasks=1)
+    scripted.assert_consumed()
+    assert final["kept"] == ["lend-book-river-songs"]
+    prompts = [c.messages[0].content for c in scripted.calls("proposer")]
+    assert "- the book 'River Songs'" in prompts[0] and '- member: "Ada Park"' in prompts[0]
+    assert "- the request does not give the member Ada Park" in prompts[1].split("to fix:")[1]
+    assert not any(s in p for p in prompts for s in ("L-1", "copies_left: 0", "match"))  # nor the values to be told, nor the rules
+    task = yaml.safe_load((out / "tasks" / "lend-book-river-songs.yaml").read_text())
+    assert task["instruction"] == "Please lend River Songs to Ada Park and tell me the loan id and the copies left."
+    assert task["answer"] == [{"name": "loan_id", "value": "L-1"}, {"name": "copies_left", "value": 0}]
+    assert [c["table"] for c in task["state"]] == ["books", "books", "loans"] and task["allowed_writes"] == ["books", "loans"]
+    assert task["reference"]["calls"] == [{"tool": "list_books"}, {"tool": "lend_book", "args": {"book_id": "BK-3", "member": "Ada Park"}}]
