@@ -778,9 +778,13 @@ def evolve_envs(args: argparse.Namespace) -> int:
     args.run_id = announce(args)
     with progress(console, bar=False) as bars:
         task = bars.add_task("designing proposals")
+        shown: set[tuple] = set()  # an outcome comes once from the proposal subgraph and again from its parent
 
         def on_event(node: str, value: dict) -> None:
             for outcome in value.get("outcomes", {}).values():
+                if (outcome.pair_id, outcome.status, outcome.rounds) in shown:
+                    continue
+                shown.add((outcome.pair_id, outcome.status, outcome.rounds))
                 style = "green" if outcome.status == "certified" else "yellow"
                 say(f"[{style}]{outcome.status}[/] {outcome.pair_id} after {outcome.rounds} round(s): {escape(outcome.reason[:200])}")
             for s in value.get("screenings", []):
