@@ -51,7 +51,7 @@ from harness.tool_sandbox import ToolSandboxError, check_task, check_tools, sand
 from roles.models import KINDS, InfrastructureError
 from roles.environment_builder import environment_builder as build_database, more_names, more_rows
 from roles.task_proposer import describe_tools, task_proposer as propose_tasks
-from roles.task_reviewer import task_reviewer as review_task
+from roles.task_reviewer import request_reviewer as review_request, task_reviewer as review_task
 from roles.task_writer import task_writer as write_request
 from roles.tool_coder import tool_coder as code_tools, tool_declarations as declare_tools
 from state.construction import DatabaseDraft, Decision, SolverAttempt, TaskDraft, ToolsDraft
@@ -294,7 +294,8 @@ async def task_proposer(state: ConstructState, runtime: Runtime[Context]) -> dic
         seen.add(draft.id)
         checks = len(draft.answer) + len(draft.state)
         decisions.append(Decision(step="task_proposal", subject=draft.id, attempt=attempt, accepted=not problems,
-                                  reasons=tuple(problems) or (f"{checks} checks over existing tables, columns and tools", *notes)))
+                                  reasons=tuple(problems) or (f"{checks} checks over existing tables, columns and tools; request "
+                                                              f"{draft.instruction!r}", *notes)))
         problems_all += problems
         if not problems:
             drafts.append(draft)
@@ -437,14 +438,23 @@ def _solution(task: TaskSpec, attempt: SolverAttempt) -> str:
 
 
 async def task_reviewer(state: ConstructState, runtime: Runtime[Context]) -> dict:
-    """Reviews each verified task for what the checks cannot see (a realistic, well-posed request that the solution
-    answers) and keeps the accepted ones in `tasks/`; writes `kept`, `decisions`, `usage`."""
+    """Reviews each verified task for what the checks cannot see and keeps the accepted ones in `tasks/`: a realistic,
+    well-posed request that the solution answers (a free task); a request read as asking for the change and the values
+    its checks hold (a task from a seed); writes `kept`, `decisions`, `usage`."""
     ctx, out = runtime.context, Path(state["out"])
     context = await asyncio.to_thread(public_context, out)
+    _, tables, _ = await asyncio.to_thread(load_database, out)
     decisions, kept, usage, rejected = [], [], [], []
     for task in state.get("verified", []):
-        review, used = await review_task(context, describe_tools(state["tools"]), _solution(task, state["attempts"][task.id]),
-                                         ctx.reviewer_model, ctx.model_timeout_s)
+        if ctx.task_proposals == "menu":
+            writes = {t.name: t.description.strip().splitlines()[0] for t in state["tools"] if not t.read_only}
+            columns = [c.name for t in tables if t.name in (task.allowed_writes or ()) for c in t.columns]
+            told = [c.name for c in task.answer]
+            review, used = await review_request(context, task.instruction, writes, {c.tool for c in task.reference.calls if c.tool in writes},
+                                                list(dict.fromkeys([*told, *columns])), set(told), ctx.reviewer_model, ctx.model_timeout_s)
+        else:
+            review, used = await review_task(context, describe_tools(state["tools"]), _solution(task, state["attempts"][task.id]),
+                                             ctx.reviewer_model, ctx.model_timeout_s)
         decisions.append(Decision(step="task_review", subject=task.id, attempt=state["task_attempt"], accepted=review.accept,
                                   reasons=(review.reasons,)))
         usage.append(used)

@@ -734,10 +734,18 @@ def test_a_menu_task_is_a_seed_whose_request_the_writer_words_and_words_again_wi
     scripted.register("proposer", [{"instruction": "Please lend me River Songs and tell me the loan id and the copies left."},
                                    {"instruction": "Please lend River Songs to Ada Park and tell me the loan id and the copies left."}])
     scripted.register("solver", [lender] * 3)
-    scripted.register("reviewer", [ACCEPT])
+    # the reviewer reads what the request asks to have done and to be told, from the write tools and the values
+    scripted.register("reviewer", [{"reasons": "lend a book; the loan and the copies left",
+                                    "wants_done": ["lend_book: Lends a copy of a book to a member."], "wants_told": ["loan_id", "copies_left"]}])
     final = build(replace(context, task_proposals="menu"), out, tasks=1)
     scripted.assert_consumed()
     assert final["kept"] == ["lend-book-river-songs"]
+    review = next(d for d in final["decisions"] if d.step == "task_review")
+    assert review.reasons == ("lend a book; the loan and the copies left (read as its task checks)",)
+    schema = scripted.calls("reviewer")[0].schema.model_json_schema()
+    assert schema["properties"]["wants_done"]["items"]["enum"] == ["lend_book: Lends a copy of a book to a member.", "nothing of these"]
+    assert schema["properties"]["wants_told"]["items"]["enum"] == ["loan_id", "copies_left", "book_id", "title", "branch_id", "copies",
+                                                                   "member", "nothing of these"]
     prompts = [c.messages[0].content for c in scripted.calls("proposer")]
     assert "- the book 'River Songs'" in prompts[0] and '- member: "Ada Park"' in prompts[0]
     assert "- the request does not give the member Ada Park" in prompts[1].split("to fix:")[1]
