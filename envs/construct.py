@@ -114,6 +114,22 @@ def _converted(kind: str, value):
     return value
 
 
+def allow_missing(draft: DatabaseDraft) -> tuple[DatabaseDraft, list[str]]:
+    """The draft with each column that some rows leave without a value made nullable (a loan not yet returned has no
+    return date, which a small model leaves out rather than writing null); keys stay required. A note for each."""
+    notes, tables = [], []
+    for t in draft.tables:
+        columns = []
+        for c in t.columns:
+            missing = sum(r.get(c.name) is None for r in t.rows)
+            if missing and not c.nullable and c.name != t.primary_key:
+                c = c.model_copy(update={"nullable": True})
+                notes.append(f"tables.{t.name}.columns.{c.name}: no value in {missing} of {len(t.rows)} rows; made nullable")
+            columns.append(c)
+        tables.append(t.model_copy(update={"columns": columns}))
+    return draft.model_copy(update={"tables": tables}), notes
+
+
 def add_missing_keys(draft: DatabaseDraft) -> tuple[DatabaseDraft, list[str]]:
     """The draft with each primary key that names no column of its table added as its first column (a small model
     declares `customer_id` and leaves it out of the columns): of the rows' own values when each row has a distinct
@@ -568,10 +584,18 @@ def request_problems(instruction: str, seed: TaskSeed) -> list[str]:
 
 
 def seed_task_id(seed: TaskSeed) -> str:
-    """A kebab-case id for a seed's task: its tool and the first record it names."""
-    named = next(iter(seed.named), None)
-    subject = (named.label or f"{named.table}-{named.key}") if named else ""
-    return re.sub(r"[^a-z0-9]+", "-", f"{seed.tool} {subject}".casefold()).strip("-")[:63]
+    """A kebab-case id for a seed's task: its tool and the records it names."""
+    subjects = " ".join(n.label or f"{n.table} {n.key}" for n in seed.named)
+    return re.sub(r"[^a-z0-9]+", "-", f"{seed.tool} {subjects}".casefold()).strip("-")[:63].rstrip("-")
+
+
+def with_details(instruction: str, seed: TaskSeed) -> tuple[str, list[str]]:
+    """The request with each detail it leaves out (a date, a quantity, a record named by its key) added as a sentence
+    of its own, and what was added."""
+    missing = {k: v for k, v in seed.details.items() if not states(instruction, AnswerCheck(name=k, value=v))}
+    missing |= {n.arg: n.key for n in seed.named if not n.label and not states(instruction, AnswerCheck(name=n.arg, value=n.key))}
+    added = [f"The {k.replace('_', ' ')} is {v}." for k, v in missing.items()]
+    return " ".join([instruction.strip(), *added]), added
 
 
 def _names_a_record(instruction: str, rows: dict[str, tuple[dict, ...]]) -> bool:

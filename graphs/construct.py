@@ -40,9 +40,9 @@ from langgraph.types import Command, Send
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_parent
-from envs.construct import (add_implied_references, add_missing_keys, coerce_rows, database_problems, describe_database, drop_loose_references, example_write_tool,
+from envs.construct import (add_implied_references, add_missing_keys, allow_missing, coerce_rows, database_problems, describe_database, drop_loose_references, example_write_tool,
                             public_context, read_tools_module, request_problems, seed_task_id, starting_module, task_problems, task_spec, tidy_task, tool_functions,
-                            without_tools, write_database, write_tools_module)
+                            with_details, without_tools, write_database, write_tools_module)
 from envs.grow import grow, naming_columns, referenced_first
 from envs.spec import SpecError, load_database, load_environment
 from graphs.env_evolution import ProposalInput, menu_of, proposal_graph
@@ -123,7 +123,7 @@ def _feedback(problems: list[str]) -> str:
 async def environment_builder(state: ConstructState, runtime: Runtime[Context]) -> Command[Literal["environment_builder", "tool_coder", "recorder"]]:
     """Drafts the database (an id made kebab-case, a primary key left out of the columns added, references naming no
     column dropped, references a column's name and values imply added, values of another type with one reading
-    converted), gives short tables more rows and naming
+    converted, a column some rows leave empty made nullable), gives short tables more rows and naming
     columns new names from the builder, grows the tables to `rows`, and writes it to the output directory; on
     problems, drafts again within `max_attempts`; writes `decisions`, `env_id`, `attempt`, `feedback`."""
     ctx, out = runtime.context, Path(state["out"])
@@ -135,6 +135,8 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     notes += dropped
     draft, converted = coerce_rows(draft)
     notes += converted
+    draft, nullable = allow_missing(draft)
+    notes += nullable
     draft, implied = add_implied_references(draft)
     notes += implied
     usage, grown, written = [usage], [], 0
@@ -285,11 +287,12 @@ async def task_proposer(state: ConstructState, runtime: Runtime[Context]) -> dic
         database = await asyncio.to_thread(describe_database, out, PROPOSER_ROWS)
         drafted, used = await propose_tasks(database, state["tools"], state["tasks"], state.get("task_feedback", ""), ctx.task_model,
                                             ctx.model_timeout_s)
-        proposed, usage, decisions = drafted.tasks, [used], []
+        proposed, usage, decisions = [(d, []) for d in drafted.tasks], [used], []
     _, tables, rows = await asyncio.to_thread(load_database, out)
-    drafts, seen, problems_all = [], set(), [p for d in decisions for p in d.reasons]
-    for draft in proposed:
+    drafts, seen, problems_all = [], set(), [p for d in decisions for p in d.reasons if not p.startswith("request ")]
+    for draft, added in proposed:
         draft, notes = tidy_task(draft)
+        notes = added + notes
         problems = task_problems(draft, tables, rows, state["tools"]) + ([f"task {draft.id}: a duplicate id"] if draft.id in seen else [])
         seen.add(draft.id)
         checks = len(draft.answer) + len(draft.state)
@@ -302,9 +305,11 @@ async def task_proposer(state: ConstructState, runtime: Runtime[Context]) -> dic
     return {"drafts": drafts, "decisions": decisions, "usage": usage, "task_attempt": attempt, "task_feedback": _feedback(problems_all)}
 
 
-async def _seeded(state: ConstructState, ctx: Context, out: Path, attempt: int) -> tuple[list[TaskDraft], list[UsageRecord], list[Decision]]:
-    """Drafts whose rules come from the seeds and whose requests the task writer words; a rejected decision for each
-    request that still lacks what its seed needs after a second try."""
+async def _seeded(state: ConstructState, ctx: Context, out: Path,
+                  attempt: int) -> tuple[list[tuple[TaskDraft, list[str]]], list[UsageRecord], list[Decision]]:
+    """Drafts whose rules come from the seeds and whose requests the task writer words, each with what was added to
+    its request; a rejected decision for each request that still names a record wrongly or gives an answer away
+    after a second try."""
     try:
         seeds = await sandboxed_seeds(out, state["tasks"], zlib.crc32(state["env_id"].encode()) + attempt)
     except ToolSandboxError as exc:
@@ -315,21 +320,25 @@ async def _seeded(state: ConstructState, ctx: Context, out: Path, attempt: int) 
     context = await asyncio.to_thread(public_context, out)
     drafts, usage, decisions = [], [], []
     for seed in seeds:
-        feedback = ""
+        feedback, notes = "", []
         for _ in range(2):
             request, used = await write_request(context, seed, feedback, ctx.task_model, ctx.model_timeout_s)
             usage.append(used)
-            problems = request_problems(request.instruction, seed)
+            instruction = request.instruction
+            problems = request_problems(instruction, seed)
             if not problems:
                 break
             feedback = _feedback(problems)
-        draft = TaskDraft(id=seed_task_id(seed), instruction=request.instruction, answer=list(seed.answer), state=list(seed.state),
+        if problems:  # the values the call takes, where the writer still left them out, are said in a sentence each
+            instruction, notes = with_details(instruction, seed)
+            problems = request_problems(instruction, seed)
+        draft = TaskDraft(id=seed_task_id(seed), instruction=instruction, answer=list(seed.answer), state=list(seed.state),
                           allowed_writes=list(seed.tables))
         if problems:
             decisions.append(Decision(step="task_proposal", subject=draft.id, attempt=attempt, accepted=False,
-                                      reasons=tuple(f"task {draft.id}: {p}" for p in problems)))
+                                      reasons=(*(f"task {draft.id}: {p}" for p in problems), f"request {instruction!r}")))
         else:
-            drafts.append(draft)
+            drafts.append((draft, [f"added to the request: {' '.join(notes)}"] if notes else []))
     return drafts, usage, decisions
 
 

@@ -17,7 +17,7 @@ from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 
 from envs.catalog import load_catalog, load_parent, task_ids
 from envs.certify import certify
-from envs.construct import (check_task, example_write_tool, module_code, public_context, run_call, stage_public, starting_module, task_perturbations,
+from envs.construct import (check_task, request_problems, seed_task_id, with_details, example_write_tool, module_code, public_context, run_call, stage_public, starting_module, task_perturbations,
                             task_problems, task_spec, tidy_task, write_database, write_tools_module)
 from envs.runtime import EnvInstance
 from envs.spec import load_database, load_environment, tool_infos
@@ -755,3 +755,17 @@ def test_a_menu_task_is_a_seed_whose_request_the_writer_words_and_words_again_wi
     assert task["answer"] == [{"name": "loan_id", "value": "L-1"}, {"name": "copies_left", "value": 0}]
     assert [c["table"] for c in task["state"]] == ["books", "books", "loans"] and task["allowed_writes"] == ["books", "loans"]
     assert task["reference"]["calls"] == [{"tool": "list_books"}, {"tool": "lend_book", "args": {"book_id": "BK-3", "member": "Ada Park"}}]
+
+
+def test_a_request_that_leaves_out_the_values_of_its_call_gets_them_added_and_its_id_names_its_records():
+    seed = TaskSeed(tool="add_rental", description="Records a rental.", args={"user_id": 17, "bike_id": 42, "start": "2023-10-05", "days": 3},
+                    named=(Named(arg="user_id", table="users", key=17, label="Mila Clark"), Named(arg="bike_id", table="bikes", key=42)),
+                    details={"start": "2023-10-05", "days": 3}, answer=(AnswerCheck(name="rental_id", value=201),))
+    assert seed_task_id(seed) == "add-rental-mila-clark-bikes-42"
+    request = "Please rent bike 42 to Mila Clark from October 5, 2023 and give me the rental id."
+    assert request_problems(request, seed) == ["the request does not give the days 3"]
+    assert with_details(request, seed) == (f"{request} The days is 3.", ["The days is 3."])
+    assert request_problems(with_details(request, seed)[0], seed) == []
+    assert request_problems("Rent a bike to Mila for 3 days from 2023-10-05; the rental id will be 201.", seed) == [
+        "the request does not name 'Mila Clark'; name it exactly so", "the request does not give the bike id 42",
+        "the request gives away the rental id (201); ask for it instead"]

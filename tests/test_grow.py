@@ -4,7 +4,7 @@ kept, seeded, and a table that stops when its values run out."""
 
 import datetime as dt
 
-from envs.construct import add_implied_references, add_missing_keys, coerce_rows, database_problems, drop_loose_references, write_database
+from envs.construct import add_implied_references, add_missing_keys, allow_missing, coerce_rows, database_problems, drop_loose_references, write_database
 from envs.grow import grow, naming_columns
 from envs.spec import load_database
 from state.construction import DatabaseDraft
@@ -123,6 +123,15 @@ def test_a_reference_a_column_is_named_typed_and_filled_as_is_added():
     for table, references in ((stray, [None, "titles.title_id"]), (other, ["members.member_id", None])):
         draft, _ = add_implied_references(DatabaseDraft.model_validate({**DRAFT, "tables": [table, MEMBERS, TITLES]}))
         assert [c.references for c in draft.tables[0].columns][1:3] == references
+
+
+def test_a_column_some_rows_leave_empty_is_made_nullable():
+    loans = {**LOANS, "rows": [{k: v for k, v in LOANS["rows"][0].items() if k != "due"}, {**LOANS["rows"][1], "lent": None}]}
+    draft, notes = allow_missing(DatabaseDraft.model_validate({**DRAFT, "tables": [loans, MEMBERS, TITLES]}))
+    assert notes == ["tables.loans.columns.lent: no value in 1 of 2 rows; made nullable",
+                     "tables.loans.columns.due: no value in 1 of 2 rows; made nullable"]
+    assert [c.name for c in draft.tables[0].columns if c.nullable] == ["lent", "due", "note"]
+    assert database_problems(draft) == [] and allow_missing(DatabaseDraft.model_validate(DRAFT))[1] == []
 
 
 def test_values_of_another_type_with_one_reading_are_converted():
