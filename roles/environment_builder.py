@@ -57,6 +57,7 @@ async def more_names(theme: str, table: TableDraft, column: str, count: int, mod
     examples = [str(r[column]) for r in table.rows if r.get(column) is not None]
     prompt = render("more_names", theme=theme, table=table.name, column=column, count=str(count),
                     examples="\n".join(f"- {e}" for e in examples))
-    schema = create_model("Names", __base__=Record, values=(list[str], Field(min_length=1, max_length=count)))
+    # at least half of them by the grammar: left free, a 1.5B builder wrote about 6 of 40 and a table of books stopped at 9 rows
+    schema = create_model("Names", __base__=Record, values=(list[str], Field(min_length=max(1, count // 2), max_length=count)))
     reply, usage = await chat_model(model, role="environment_builder", timeout_s=timeout_s).structured([HumanMessage(prompt)], schema)
     return [v.strip() for v in reply.values if v.strip()], usage

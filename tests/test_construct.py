@@ -674,8 +674,9 @@ def test_the_database_grows_with_rows_and_names_the_builder_adds(context, tmp_pa
     good = json.loads(json.dumps(GOOD_TOOLS).replace("BK-9", "BK-999"))  # BK-9 exists once the books grow
     more_branches = {"rows": [{"branch_id": "B3", "name": "Riverside Branch"}, {"branch_id": "B4", "name": "Old Town Branch"}]}
     more_books = {"rows": [{"book_id": "BK-4", "title": "Salt Roads", "branch_id": "B3", "copies": 3}]}
-    titles = {"values": ["Night Ferries", "The Lantern Year", "Glass Orchards"]}
-    branch_names = {"values": ["Northgate Branch"]}
+    # the grammar asks for at least half of the 40 names; a name already taken is not used again
+    titles = {"values": ["Night Ferries", "The Lantern Year", "Glass Orchards", *(["Night Ferries"] * 17)]}
+    branch_names = {"values": ["Northgate Branch"] * 20}
     scripted.register("builder", [LIBRARY, more_branches, more_books, branch_names, titles, *coded(good)])
     scripted.register("proposer", [{"tasks": []}])
     final = build(context, out, rows=30, max_attempts=1)
@@ -687,7 +688,7 @@ def test_the_database_grows_with_rows_and_names_the_builder_adds(context, tmp_pa
     assert schemas == ["DatabaseDraft", "MoreRows", "MoreRows", "Names", "Names", "module", "ToolDeclarations"]
     assert "Write 40 more title values" in scripted.calls("builder")[4].messages[0].content
     env = load_environment(out)
-    assert sorted(r["title"] for r in env.rows["books"][4:]) == sorted(titles["values"])  # the builder's names, each once
+    assert sorted(r["title"] for r in env.rows["books"][4:]) == sorted(set(titles["values"]))  # the builder's names, each once
     assert {r["branch_id"] for r in env.rows["books"]} <= {"B1", "B2", "B3", "B4", "B5"}
 
 
