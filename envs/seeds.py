@@ -90,7 +90,7 @@ def _label(table: TableSpec, rows: tuple[dict, ...], row: dict) -> str:
     """How a user names the record: its person-name columns joined ("Mila Clark"), else its first text column whose
     values name one record each (a title); empty when neither names it alone (the key is used then)."""
     text = [c.name for c in table.columns if c.type == "text" and c.name != table.primary_key and not c.references]
-    people = [c for c in text if person_column(table.name, c)]
+    people = [c for c in text if person_column(table.name, c) and "name" in c]  # a user's name, not a book's author
     candidates = [people] if people else [[c] for c in text]
     for columns in candidates:
         label = _joined(row, columns)

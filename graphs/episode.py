@@ -23,6 +23,7 @@ import asyncio
 import contextvars
 import json
 import operator
+import re
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, AsyncIterator, Literal
@@ -138,7 +139,8 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     async def lookup(name: str, args: dict) -> Observation:
         if not live.read_only.get(name, False):
             raise ValueError(f"view.lookup: {name!r} is not a read-only tool of this environment")
-        observation = (await _call_tool(live, ToolRequest(id="lookup", name=name, args=dict(args)))).model_copy(update={"source": "harness"})
+        args = _typed(next(t for t in tools if t.name == name), args)
+        observation = (await _call_tool(live, ToolRequest(id="lookup", name=name, args=args))).model_copy(update={"source": "harness"})
         live.record(observation)
         if observation.error_code == TOOL_CRASH:
             raise _fault(observation)
@@ -185,6 +187,20 @@ async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
             return Command(goto=END, update={**update, "termination": "turn_limit", "answer": ""})
         return Command(goto="tools", update=update)
     return Command(goto="finalizer", update=update)
+
+
+def _typed(tool: ToolInfo, args: dict) -> dict:
+    """A hook's lookup arguments with each text that reads as the integer or number the tool's schema asks for passed
+    as one: hooks read ids out of text ("75"), and a recorded call must replay against the schema (a built task's
+    reference is checked against it)."""
+    properties, typed = tool.input_schema.get("properties", {}), dict(args)
+    for name, value in args.items():
+        kind = properties.get(name, {}).get("type")
+        if isinstance(value, str) and kind == "integer" and re.fullmatch(r"-?\d+", value.strip()):
+            typed[name] = int(value)
+        elif isinstance(value, str) and kind == "number" and re.fullmatch(r"-?\d+(\.\d+)?", value.strip()):
+            typed[name] = float(value)
+    return typed
 
 
 def turn_limit(live: Live, ctx: Context) -> int:

@@ -32,3 +32,13 @@ async def test_certify_graph_fans_out_and_reports(tmp_path):
     )
     assert {k: v.passed for k, v in result["certifications"].items()} == {"shop-reserve-drill": True, "shop-rescued": False}
     assert result["problems"] == ["shop-rescued failed certification"]  # a custom catalog: no split quotas
+
+
+def test_a_hooks_lookup_passes_ids_it_read_as_text_in_the_types_the_tool_takes():
+    from graphs.episode import _typed
+    from state.records import ToolInfo
+
+    schema = {"type": "object", "properties": {"user_id": {"type": "integer"}, "ratio": {"type": "number"}, "code": {"type": "string"}}}
+    tool = ToolInfo(name="get_user", description="", input_schema=schema, read_only=True)
+    assert _typed(tool, {"user_id": "75", "ratio": "0.5", "code": "75"}) == {"user_id": 75, "ratio": 0.5, "code": "75"}
+    assert _typed(tool, {"user_id": "U-75", "other": "1"}) == {"user_id": "U-75", "other": "1"}  # what does not read so stays
