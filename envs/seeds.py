@@ -35,7 +35,7 @@ def task_seeds(directory: Path | str, count: int, seed: int) -> list[TaskSeed]:
         if len(seeds) == count:
             break
         decl = writes[n % len(writes)]
-        args, named = _redrawn(env, rng.choice(decl.valid), rng)
+        args, named = _redrawn(env, rng.choice(decl.valid), decl.changes, rng)
         if (decl.name, json.dumps(args, sort_keys=True, default=str)) in seen:
             continue
         seen.add((decl.name, json.dumps(args, sort_keys=True, default=str)))
@@ -53,9 +53,10 @@ def task_seeds(directory: Path | str, count: int, seed: int) -> list[TaskSeed]:
     return (seeds + plain)[:count]
 
 
-def _redrawn(env: EnvironmentSpec, args: dict, rng: random.Random) -> tuple[dict, list[Named]]:
+def _redrawn(env: EnvironmentSpec, args: dict, changes: list[str], rng: random.Random) -> tuple[dict, list[Named]]:
     """The call with each argument that names a record by key redrawn from the rows like that record (the same
-    status, type or flag), and the records it names."""
+    status, type or flag), preferring records the tables the call changes do not hold yet (a book nobody has
+    reserved: an agent that finds a reservation for it may rightly stop), and the records it names."""
     args, named = dict(args), []
     for arg, value in list(args.items()):
         table = _keyed_by(env, arg)
@@ -65,7 +66,9 @@ def _redrawn(env: EnvironmentSpec, args: dict, rng: random.Random) -> tuple[dict
         row = next((r for r in rows if r.get(table.primary_key) == value), None)
         if row is None:
             continue
-        row = rng.choice(_alike(table, rows, row))
+        alike = _alike(table, rows, row)
+        held = {r.get(arg) for t in changes if t != table.name for r in env.rows.get(t, ())}
+        row = rng.choice([r for r in alike if r[table.primary_key] not in held] or alike)
         args[arg] = row[table.primary_key]
         named.append(Named(arg=arg, table=table.name, key=row[table.primary_key], label=_label(table, rows, row)))
     return args, named

@@ -712,6 +712,11 @@ def test_seeds_are_write_calls_that_succeed_on_records_like_the_declared_ones_wi
                StateCheck(table="books", match={"book_id": "BK-3", "copies": 1}, absent=True),
                StateCheck(table="loans", match={"book_id": "BK-3", "member": "Ada Park"})),
         tables=("books", "loans"))
+    lent = tmp_path / "lent"  # a book already on loan is not lent again while another can be
+    loans = {**LOANS, "rows": [{"loan_id": "L-1", "book_id": "BK-3", "member": "Ben Ode"}]}
+    assert write_database(DatabaseDraft.model_validate({**LIBRARY, "tables": [BRANCHES, BOOKS, loans]}), lent, THEME) == []
+    write_tools_module(ToolsDraft.model_validate(GOOD_TOOLS), lent)
+    assert [s.args for s in asyncio.run(sandboxed_seeds(lent, 3, 1))] == [{"book_id": "BK-1", "member": "Ada Park"}]
     read_only = json.loads(json.dumps(GOOD_TOOLS).replace('"read_only": false', '"read_only": true'))
     assert asyncio.run(sandboxed_seeds(written(tmp_path / "reading", read_only), 3, 1)) == []  # no write tool, no seed
 
