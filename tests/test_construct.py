@@ -306,7 +306,17 @@ def test_the_coding_loop_is_bounded_and_ends_with_the_example_write_tool(context
     assert list(tool_infos(load_environment(out))) == ["search_branches", "get_branch", "search_books", "get_book", "add_loan"]
 
 
+KWARGS_CODE = GOOD_CODE + """
+@write_tool
+def update_book(db, **changes) -> dict:
+    \"\"\"Changes a book.\"\"\"
+    return {}
+"""
+
+
 @pytest.mark.parametrize("broken, dropped, tools", [
+    (KWARGS_CODE, "dropped update_book, which failed their declared calls",  # the loader refuses it: it stops the whole module
+     ["search_branches", "get_branch", "search_books", "get_book", "list_books", "lend_book", "list_branches"]),
     (RAISING_CODE, "dropped get_book, which failed their declared calls",  # both definitions: the coder's replaced the starting one
      ["search_branches", "get_branch", "search_books", "list_books", "lend_book", "list_branches"]),
     (GOOD_CODE.replace('    loan_id = f"L-', '    1 / 0\n    loan_id = f"L-'),
@@ -315,7 +325,9 @@ def test_the_coding_loop_is_bounded_and_ends_with_the_example_write_tool(context
 ])
 def test_tools_that_fail_are_dropped_when_the_rest_passes(context, tmp_path, broken, dropped, tools):
     out = tmp_path / "library"
-    scripted.register("builder", [LIBRARY, *coded({"code": broken, "tools": DECLARED})])  # one draft of the tools, no retry
+    update = {"name": "update_book", "read_only": False, "returns": {"type": "object"}, "valid": [{}], "changes": ["books"]}
+    declared = DECLARED + ([update] if "update_book" in broken else [])
+    scripted.register("builder", [LIBRARY, *coded({"code": broken, "tools": declared})])  # one draft of the tools, no retry
     scripted.register("proposer", [{"tasks": []}])
     final = build(context, out, max_attempts=1)
     scripted.assert_consumed()
