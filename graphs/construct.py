@@ -63,7 +63,7 @@ LOG = "construction.json"
 MIN_REJECTED = 2  # perturbed outcomes a kept task's verifier must reject, as certification asks
 PROPOSER_ROWS = 10  # rows per table the task proposer sees, to ground its tasks in
 MIN_EXAMPLES, MAX_EXAMPLES = 5, 8  # rows a table is grown from: a table drafted with fewer gets more, up to the most
-MAX_NAMES = 40  # new names (titles, products) asked of the builder per naming column
+MAX_NAMES = 80  # new names (titles, products) asked of the builder per naming column, in rounds of 20
 
 
 class ConstructInput(TypedDict):
@@ -147,7 +147,7 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
         by_name = {t.name: t for t in draft.tables}
         for table, column in naming_columns(draft.tables):
             names, used = await more_names(state["theme"], by_name[table], column, MAX_NAMES, ctx.builder_model, ctx.model_timeout_s)
-            vocabulary[table, column], usage = names, usage + [used]
+            vocabulary[table, column], usage = names, usage + used
         tables, grown = await asyncio.to_thread(grow, draft.tables, state["rows"], zlib.crc32(draft.id.encode()), vocabulary)
         draft = draft.model_copy(update={"tables": tables})
     problems = await asyncio.to_thread(write_database, draft, out, state["theme"])

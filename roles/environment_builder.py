@@ -19,6 +19,8 @@ from roles.models import chat_model
 from state.construction import DatabaseDraft, TableDraft
 from state.records import Record, UsageRecord
 
+LETTERS = "ABCDEFGHIJKLMNOPRSTW"  # the initial letters of a round of new names: twenty that begin many words
+
 _TYPES: dict[str, Any] = {"text": str, "integer": int, "real": float, "boolean": bool, "json": str}
 
 
@@ -52,12 +54,19 @@ async def more_rows(theme: str, table: TableDraft, keys: dict[str, list], count:
 
 
 async def more_names(theme: str, table: TableDraft, column: str, count: int, model: str,
-                     timeout_s: float = 1800.0) -> tuple[list[str], UsageRecord]:
-    """Up to `count` new values for a column of names of things (titles, products), like the table's."""
+                     timeout_s: float = 1800.0) -> tuple[list[str], list[UsageRecord]]:
+    """About `count` new values for a column of names of things (titles, products), like the table's, asked in rounds
+    of one name per initial letter (a grammar field each, the names so far shown as taken): asked for a list, a 1.5B
+    builder repeated the eight famous titles it knew until the list was full."""
     examples = [str(r[column]) for r in table.rows if r.get(column) is not None]
-    prompt = render("more_names", theme=theme, table=table.name, column=column, count=str(count),
-                    examples="\n".join(f"- {e}" for e in examples))
-    # at least half of them by the grammar: left free, a 1.5B builder wrote about 6 of 40 and a table of books stopped at 9 rows
-    schema = create_model("Names", __base__=Record, values=(list[str], Field(min_length=max(1, count // 2), max_length=count)))
-    reply, usage = await chat_model(model, role="environment_builder", timeout_s=timeout_s).structured([HumanMessage(prompt)], schema)
-    return [v.strip() for v in reply.values if v.strip()], usage
+    fields = {f"{column}_{letter.lower()}": (str, Field(pattern=f"^{letter}[A-Za-z0-9' ,.&:!?-]{{1,60}}$")) for letter in LETTERS}
+    schema = create_model("Names", __base__=Record, **fields)
+    names: list[str] = []
+    usages = []
+    for _ in range(-(-count // len(LETTERS))):
+        taken = examples + names
+        prompt = render("more_names", theme=theme, table=table.name, column=column, examples="\n".join(f"- {e}" for e in taken))
+        reply, usage = await chat_model(model, role="environment_builder", timeout_s=timeout_s).structured([HumanMessage(prompt)], schema)
+        usages.append(usage)
+        names += [v.strip() for v in reply.model_dump().values() if v.strip() and v.strip().casefold() not in {t.casefold() for t in taken}]
+    return list(dict.fromkeys(names)), usages

@@ -686,22 +686,26 @@ def test_the_database_grows_with_rows_and_names_the_builder_adds(context, tmp_pa
     good = json.loads(json.dumps(GOOD_TOOLS).replace("BK-9", "BK-999"))  # BK-9 exists once the books grow
     more_branches = {"rows": [{"branch_id": "B3", "name": "Riverside Branch"}, {"branch_id": "B4", "name": "Old Town Branch"}]}
     more_books = {"rows": [{"book_id": "BK-4", "title": "Salt Roads", "branch_id": "B3", "copies": 3}]}
-    # the grammar asks for at least half of the 40 names; a name already taken is not used again
-    titles = {"values": ["Night Ferries", "The Lantern Year", "Glass Orchards", *(["Night Ferries"] * 17)]}
-    branch_names = {"values": ["Northgate Branch"] * 20}
-    scripted.register("builder", [LIBRARY, more_branches, more_books, branch_names, titles, *coded(good)])
+    # names come in rounds of one per initial letter, the names so far shown as taken; a name taken already is dropped
+    words = ["Amber", "Birch", "Cedar", "Dune", "Ember", "Fern", "Glass", "Harbor", "Iron", "Juniper", "Kestrel", "Lantern", "Marble",
+             "Night", "Opal", "Pine", "Raven", "Salt", "Thistle", "Willow"]
+    titles = {f"title_{w[0].lower()}": f"{w} Tides" for w in words} | {"title_r": "River Songs"}  # River Songs is a book already
+    branch_names = {f"name_{w[0].lower()}": f"{w} Branch" for w in words}
+    scripted.register("builder", [LIBRARY, more_branches, more_books, *[branch_names] * 4, *[titles] * 4, *coded(good)])
     scripted.register("proposer", [{"tasks": []}])
     final = build(context, out, rows=30, max_attempts=1)
     scripted.assert_consumed()
     assert final["decisions"][0].reasons == (
-        "3 tables, 12 rows (8 written; branches: 4 written, grown to 5 (no new name left to make); "
-        "books: 4 written, grown to 7 (no new title left to make)); types, keys and references check",)
-    schemas = [c.schema.__name__ if c.schema else "module" for c in scripted.calls("builder")]
-    assert schemas == ["DatabaseDraft", "MoreRows", "MoreRows", "Names", "Names", "module", "ToolDeclarations"]
-    assert "Write 40 more title values" in scripted.calls("builder")[4].messages[0].content
+        "3 tables, 46 rows (8 written; branches: 4 written, grown to 23 (no new name left to make); "  # Harbor Branch is taken
+        "books: 4 written, grown to 23 (no new title left to make)); types, keys and references check",)
+    calls = scripted.calls("builder")
+    assert [c.schema.__name__ if c.schema else "module" for c in calls] == [
+        "DatabaseDraft", "MoreRows", "MoreRows", *["Names"] * 8, "module", "ToolDeclarations"]
+    assert list(calls[7].schema.model_json_schema()["properties"]) == [f"title_{c.lower()}" for c in "ABCDEFGHIJKLMNOPRSTW"]
+    assert "- The Tide Atlas" in calls[7].messages[0].content and "- Amber Tides" in calls[8].messages[0].content  # taken, round 2
     env = load_environment(out)
-    assert sorted(r["title"] for r in env.rows["books"][4:]) == sorted(set(titles["values"]))  # the builder's names, each once
-    assert {r["branch_id"] for r in env.rows["books"]} <= {"B1", "B2", "B3", "B4", "B5"}
+    assert sorted(r["title"] for r in env.rows["books"][4:]) == sorted(v for v in titles.values() if v != "River Songs")  # each once
+    assert {r["branch_id"] for r in env.rows["books"]} <= {r["branch_id"] for r in env.rows["branches"]}
 
 
 def test_tools_that_change_nothing_are_sent_back(context, tmp_path):
