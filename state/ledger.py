@@ -42,6 +42,7 @@ def _now() -> str:
 LEASE_S = 120.0  # a claim not renewed for this long is taken over (its owner hangs, or ran on another host and is gone)
 RENEW_S = 20.0  # how often a claim's owner renews it: several renewals fit in a lease, on a loaded machine too
 HOST = socket.gethostname()
+WAL_TRIES = 600  # switches to WAL tried, 50 ms apart: 30 s, the busy timeout
 
 _open: dict[Path, tuple[sqlite_utils.Database, threading.Lock]] = {}
 _open_lock = threading.Lock()
@@ -49,6 +50,20 @@ _open_lock = threading.Lock()
 
 class LedgerError(RuntimeError):
     """The ledger file cannot be read, or has lost a run that other files still show."""
+
+
+def _wal(conn: sqlite3.Connection) -> None:
+    """Switches to WAL; two processes opening a new file at once make one switch fail at once with "database is
+    locked", busy timeout or not (seen in a test of two evaluating processes), so it is tried again for a while."""
+    for _ in range(WAL_TRIES - 1):
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            time.sleep(0.05)
+    conn.execute("PRAGMA journal_mode=WAL")
 
 
 class Ledger:
@@ -67,7 +82,7 @@ class Ledger:
         conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
         try:
             # WAL with synchronous=NORMAL survives a killed process, which is the crash that matters here
-            conn.execute("PRAGMA journal_mode=WAL")
+            _wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("create table if not exists claims (id text primary key, run_id text, owner text not null, "
                          "pid integer, host text, started_at text, renewed_at real)")
