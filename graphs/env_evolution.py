@@ -147,7 +147,7 @@ def _outcome(state: ProposalState, status: str, reason: str, checks: tuple[str, 
     mutation = state.get("mutation")
     outcome = ProposalOutcome(target=target, status=status, pair_id=target.id, mutation=mutation.model_dump(mode="json") if mutation else None,
                               rounds=state.get("round", 0), reviews=tuple(state.get("log", [])), checks=checks, reason=reason,
-                              usage=tuple(state.get("usage", [])), elapsed_s=round(time.time() - state.get("started", time.time()), 1))
+                              usage=tuple(state.get("usage", [])), elapsed_s=round(time.time() - state.get("started", time.time()), 3))
     return {"outcomes": {target.id: outcome}}
 
 
