@@ -9,6 +9,7 @@ built or imported environment's `tasks/` folder.
 from __future__ import annotations
 
 import glob
+import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -18,9 +19,9 @@ from envs.mutation import apply_mutation
 from pydantic import ValidationError
 
 from envs.spec import SpecError, load_environment, load_pair, read_yaml, tool_infos, validation_error
+from state.paths import CATALOG
 from state.records import CATEGORIES, EnvironmentSpec, Mutation, PairSpec, StateOp, TaskSpec
 
-CATALOG = Path(__file__).parent / "catalog"
 MIN_PER_CATEGORY = 4
 SPLIT_SIZES = {"train": 20, "validation": 15, "bench": 25}  # standard-tier pairs (HERA's protocol); short ones come on top
 SHORT_CALLS = (2, 3)  # reference calls of a short-tier pair
@@ -64,6 +65,16 @@ def load_parent(parent_id: str, root: Path | str = CATALOG) -> Parent:
                 raise validation_error(path, exc) from None
             return Parent(parent_id, env, task, (), path.parent.parent)
     raise KeyError(f"no pair or task {parent_id!r} in {root}")
+
+
+def split_pairs(split: str, catalog: Path | str = CATALOG) -> list[str]:
+    """The split's pairs, one theme at a time in turn, so that any prefix spans the themes."""
+    by_theme: dict[str, list[str]] = {}
+    for pid, e in sorted(load_catalog(catalog).items()):
+        if e.pair.split == split:
+            by_theme.setdefault(e.env.theme, []).append(pid)
+    rounds = itertools.zip_longest(*by_theme.values())
+    return [pid for round_ in rounds for pid in round_ if pid]
 
 
 def task_ids(env_dir: Path | str) -> list[str]:

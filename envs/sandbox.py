@@ -93,7 +93,7 @@ def private_dirs() -> tuple[Path, ...]:
     show it: the catalog inside the code packages (pair files carry labels),
     the runs directory, the test fixtures, the model cache and the history."""
     # Imported here: the jail runs this file without the project's packages.
-    from state.ledger import runs_dir
+    from state.paths import runs_dir
 
     return (ROOT / "envs" / "catalog", runs_dir().resolve(), ROOT / "tests" / "fixtures",
             Path.home() / ".cache" / "hera", ROOT / ".git")

@@ -23,14 +23,10 @@ import jsonschema
 import yaml
 from pydantic import Field, ValidationError, create_model
 
+from envs.errors import SpecError
 from envs.match import ANY
+from envs.untrusted import describe
 from state.records import Column, EnvironmentSpec, PairSpec, StateOp, TableSpec, ToolInfo, content_hash
-
-
-class SpecError(ValueError):
-    def __init__(self, path: Path | str, field: str, expected: str):
-        self.path, self.field, self.expected = str(path), field, expected
-        super().__init__(f"{path}: {field}: {expected}")
 
 
 class _Loader(yaml.SafeLoader):
@@ -287,8 +283,6 @@ def tool_infos(spec: EnvironmentSpec, origin: Path | str | None = None) -> dict[
     origin = str(origin or f"<tools of {spec.id}>")
     if shipped(spec.tools_source):
         return {name: t.info for name, t in _compile_tools(spec.tools_source, origin).items()}
-    from envs.untrusted import describe  # the sandbox's side imports this module
-
     return describe(spec.tools_source, origin)
 
 

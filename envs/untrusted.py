@@ -8,8 +8,8 @@ instance lives, every call answered within `CALL_TIMEOUT_S` or the child is
 killed and the call is an environment fault (`internal_error`), never the
 agent's.
 
-    python -m envs.untrusted describe SOURCE      one JSON line: {"tools"} | {"field", "expected"}
-    python -m envs.untrusted serve SPEC           {"op": "call" | "rows", ...} lines in, {"value"} | {"error"} lines out
+    python -m envs.tool_child describe SOURCE ORIGIN  one JSON line: {"tools"} | {"field", "expected"}
+    python -m envs.tool_child serve SPEC              {"op": "call" | "rows", ...} lines in, {"value"} | {"error"} lines out
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ import os
 import select
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
+from envs.errors import SpecError
 from envs.sandbox import die_with_parent, kill, run_sandboxed, sandbox_command, scratch, workspace
 from state.records import EnvironmentSpec, Observation, ToolInfo
 
@@ -42,12 +41,10 @@ class EnvironmentFault(RuntimeError):
 def describe(source: str, origin: str) -> dict[str, ToolInfo]:
     """The public faces of a tools module, found by importing it in the sandbox;
     a module that does not load raises `SpecError` naming `origin`."""
-    from envs.spec import SpecError
-
     with workspace("describe") as tmp:
         (tmp / "tools.py").write_text(source)
         try:
-            done = run_sandboxed(["-m", "envs.untrusted", "describe", "tools.py", origin], timeout_s=STARTUP_S, cwd=tmp)
+            done = run_sandboxed(["-m", "envs.tool_child", "describe", "tools.py", origin], timeout_s=STARTUP_S, cwd=tmp)
         except subprocess.TimeoutExpired:
             raise SpecError(origin, "(module)", f"a module that loads within {STARTUP_S:g}s in the sandbox (an endless loop at import?)") from None
     try:
@@ -66,7 +63,7 @@ class ToolProcess:
         self.call_timeout_s = call_timeout_s or CALL_TIMEOUT_S
         self._workdir = scratch("env")
         (self._workdir / "spec.json").write_text(spec.model_dump_json())
-        argv, env = sandbox_command(["-m", "envs.untrusted", "serve", "spec.json"], workdir=self._workdir, cpu_s=cpu_s, memory_mb=memory_mb)
+        argv, env = sandbox_command(["-m", "envs.tool_child", "serve", "spec.json"], workdir=self._workdir, cpu_s=cpu_s, memory_mb=memory_mb)
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
                                       cwd=self._workdir, start_new_session=True, preexec_fn=die_with_parent)
@@ -130,46 +127,3 @@ class ToolProcess:
         tail = self._stderr.read().decode(errors="replace").strip()[-1500:]
         why = f"killed by signal {-code} (a CPU, memory or process limit?)" if code is not None and code < 0 else f"exited ({code})"
         return f"the sandboxed tools process {why}" + (f": {tail}" if tail else "")
-
-
-def _serve(path: str) -> None:
-    from envs.runtime import EnvInstance
-
-    out = sys.stdout
-    sys.stdout = sys.stderr  # what the tools print stays out of the protocol
-    instance = None
-    for line in sys.stdin:
-        request = json.loads(line)
-        try:
-            if instance is None:
-                instance = EnvInstance(EnvironmentSpec.model_validate_json(Path(path).read_text()))
-            if request["op"] == "call":
-                value = instance.call(request["tool"], request.get("args") or {}).model_dump(mode="json")
-            elif request["op"] == "rows":
-                value = instance.rows()
-            else:
-                value = None
-            reply = {"value": value}
-        except Exception as exc:  # escaped the runtime's guard: report it
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
-
-
-def _describe(path: str, origin: str) -> None:
-    from envs.spec import SpecError, _compile_tools
-
-    out = sys.stdout
-    sys.stdout = sys.stderr
-    try:
-        reply = {"tools": [t.info.model_dump(mode="json") for t in _compile_tools(Path(path).read_text(), origin).values()]}
-    except SpecError as exc:
-        reply = {"field": exc.field, "expected": exc.expected}
-    out.write(json.dumps(reply) + "\n")
-
-
-if __name__ == "__main__":
-    from envs.spec import run_untrusted_here
-
-    run_untrusted_here()
-    {"serve": _serve, "describe": _describe}[sys.argv[1]](*sys.argv[2:])

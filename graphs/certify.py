@@ -43,7 +43,7 @@ class PairTask(TypedDict):
 
 
 def fan_out_pairs(state: CertifyState, runtime: Runtime[Context]) -> list[Send]:
-    ids = state.get("pair_ids") or sorted(load_catalog(runtime.context.catalog or CATALOG))
+    ids = state.get("pair_ids") or sorted(load_catalog(runtime.context.catalog))
     return [Send("pair_certifier", PairTask(pair_id=i)) for i in ids]
 
 
@@ -51,7 +51,7 @@ async def pair_certifier(task: PairTask, runtime: Runtime[Context]) -> dict:
     """Certifies one pair; writes `certifications`."""
 
     def work() -> Certification:
-        entry = load_entry(task["pair_id"], runtime.context.catalog or CATALOG)
+        entry = load_entry(task["pair_id"], runtime.context.catalog)
         return certify(entry.pair, entry.env)
 
     cert = await asyncio.to_thread(work)
@@ -66,7 +66,7 @@ async def catalog_reviewer(state: CertifyState, runtime: Runtime[Context]) -> di
         ledger = Ledger(runtime.context.ledger)
         for cert in state["certifications"].values():
             ledger.record_certification(cert)
-        root = Path(runtime.context.catalog or CATALOG)
+        root = Path(runtime.context.catalog)
         return load_catalog(root), root.resolve() == CATALOG.resolve()
 
     entries, builtin = await asyncio.to_thread(work)

@@ -59,7 +59,8 @@ from state.context import Context
 from roles.models import chat_model, endpoint_down, endpoint_problem
 from roles.failure_analyst import failure_analyst, failure_records
 from state.evolution import Diagnosis, LineageEntry
-from state.ledger import Ledger, LedgerError, runs_dir
+from state.ledger import Ledger, LedgerError
+from state.paths import RunPaths
 from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 
 console = Console(stderr=True)
@@ -552,7 +553,7 @@ def runs_show(args: argparse.Namespace) -> int:
     ledger = Ledger(args.ledger)
     run = ledger.run(args.run_id)
     if run is None and args.run_id in api.checkpointed_runs():
-        raise LedgerError(f"run {args.run_id} has checkpoints in {api.checkpoints_path()} but no row in the ledger {ledger.path}: "
+        raise LedgerError(f"run {args.run_id} has checkpoints in {RunPaths.here().checkpoints} but no row in the ledger {ledger.path}: "
                           "the ledger was emptied or replaced; restore it from a backup")
     if run is None:
         raise UsageError(f"unknown run {args.run_id!r} (see `hera runs list`)")
@@ -600,7 +601,7 @@ def runs_compare(args: argparse.Namespace) -> int:
         if ledger.run(run_id) is None:
             raise UsageError(f"unknown run {run_id!r} (see `hera runs list`)")
         scored[run_id] = evaluation(ledger, run_id)
-    (a, a_records), (b, b_records) = scored[args.before], scored[args.after]
+    (a, _), (b, _) = scored[args.before], scored[args.after]
     diff = paired_difference(a, b)
     both = set(a.per_pair) & set(b.per_pair)
     cost = {run_id: episode_cost([r for r in records if r.pair_id in both]) for run_id, (_, records) in scored.items()}
@@ -873,7 +874,7 @@ def report_run(args: argparse.Namespace) -> int:
     except KeyError:
         raise UsageError(f"unknown run {args.run_id!r}: {ledger.path} holds no evaluation, harness-evolution, "
                          "environment-evolution or co-evolution run of that id (see `hera runs list`, `hera lineage`)") from None
-    paths = write_report(built, Path(args.out) if args.out else runs_dir() / "reports" / args.run_id)
+    paths = write_report(built, Path(args.out) if args.out else RunPaths.here().report(args.run_id))
     if args.json:
         print(json.dumps({"run_id": args.run_id, "kind": built.kind, **{k: str(v) for k, v in paths.items()}}, indent=1))
         return 0
@@ -914,7 +915,7 @@ def transfer(args: argparse.Namespace) -> int:
             stop_note(f"hera eval --run-id {run_id} --model {model} --judge-model {judge}", model, judge)
             results.append((model, run_id, metrics))
     built = transfer_report(Ledger(args.ledger), harness.id, judge, len(pair_ids), args.trials, results)
-    paths = write_report(built, Path(args.out) if args.out else runs_dir() / "reports" / built.run_id, stem="transfer")
+    paths = write_report(built, Path(args.out) if args.out else RunPaths.here().report(built.run_id), stem="transfer")
     if args.json:
         print(json.dumps({"harness": harness.id, "bundle": str(harness.path), "judge": judge, "pairs": pair_ids, "paths": {k: str(v) for k, v in paths.items()},
                           "rows": [{"model": m, "run_id": r, "metrics": x.model_dump()} for m, r, x in results]}, indent=1))
@@ -1021,7 +1022,7 @@ def coevolve(args: argparse.Namespace) -> int:
     args.run_id = announce(args)
     with progress(console, bar=False) as bars:
         result = _method(args.config, args, settings, pairs, context, bars)
-    paths = write_report(build_report(Ledger(args.ledger), result["run_id"]), runs_dir() / "reports" / result["run_id"])
+    paths = write_report(build_report(Ledger(args.ledger), result["run_id"]), RunPaths.here().report(result["run_id"]))
     if args.json:
         print(json.dumps({**result, "report": {k: str(v) for k, v in paths.items()}}, indent=1, default=str))
     else:

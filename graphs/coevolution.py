@@ -27,21 +27,24 @@ import operator
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Callable, Literal
 
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from typing_extensions import NotRequired, TypedDict
 
-from envs.catalog import CATALOG, load_entry
-from graphs import api
-from graphs.env_evolution import pool_dir
+from envs.catalog import load_entry
+from graphs import runner
+from graphs.env_evolution import run_env_evolution
+from graphs.harness_evolution import run_harness_evolution
 from graphs.selection import GATE_LEVEL
 from roles.failure_analyst import failure_analyst, failure_records
 from state.context import Context
 from state.evolution import Diagnosis, LineageEntry
-from state.ledger import Ledger, runs_dir
+from envs.catalog import split_pairs
+from state.ledger import Ledger
+from state.paths import RunPaths
 from state.records import UsageRecord, merge
 
 EnvMode = Literal["coevolve", "augment", "h0", "none"]
@@ -125,10 +128,6 @@ class CoevolutionState(CoevolutionInput, CoevolutionOutput, total=False):
     env_run: str
 
 
-def run_dir(run_id: str) -> Path:
-    return runs_dir() / "coevolution" / run_id
-
-
 def _sub(ctx: Context, state: CoevolutionState) -> Context:
     return replace(ctx, catalog=state["catalog"])
 
@@ -151,18 +150,18 @@ def _forward(node: str, value: dict) -> None:
 
 
 def _progress(record) -> None:
-    get_stream_writer()(api.episode_event(record))
+    get_stream_writer()(runner.episode_event(record))
 
 
 async def setup(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
     """The run's catalog (training and validation pairs only); writes `catalog`, `pool`, `batches`, `harness`, `round`."""
-    catalog = run_dir(state["run_id"]) / "catalog"
+    catalog = RunPaths.here().coevolution_run(state["run_id"]) / "catalog"
 
     def fill() -> None:
         if catalog.exists():  # a crash between the copy and the checkpoint: start the copy over
             shutil.rmtree(catalog)
         catalog.mkdir(parents=True)
-        _copy_pairs(Path(runtime.context.catalog or CATALOG), catalog, state["train"] + state["validation"])
+        _copy_pairs(Path(runtime.context.catalog), catalog, state["train"] + state["validation"])
 
     await asyncio.to_thread(fill)
     return {"catalog": str(catalog), "pool": list(state["train"]), "batches": {"initial": list(state["train"])},
@@ -182,9 +181,9 @@ def route_round(state: CoevolutionState) -> Literal["diagnose", "evolve_envs", "
 async def diagnose(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
     """The current harness's training failures, diagnosed; writes `diagnosis`, `usage`."""
     ctx = _sub(runtime.context, state)
-    eval_id, _ = await api.evaluate(state["harness"], state["pool"], ctx, run_id=f"{state['run_id']}-r{state['round']}-pool",
-                                    on_episode=_progress)
-    records = [r for r in await asyncio.to_thread(lambda: Ledger(ctx.ledger).episodes(eval_id)) if r.status == "done"]
+    run = await runner.evaluate(state["harness"], state["pool"], ctx, run_id=f"{state['run_id']}-r{state['round']}-pool",
+                                on_episode=_progress)
+    records = run.done
     entries = await asyncio.to_thread(lambda: {p: load_entry(p, ctx.catalog) for p in state["pool"]})
     diagnosis, usage = await failure_analyst(failure_records(records, entries), len(records), ctx.analyst_model, ctx.model_timeout_s)
     return {"diagnosis": diagnosis, "usage": usage}
@@ -200,12 +199,12 @@ async def evolve_envs(state: CoevolutionState, runtime: Runtime[Context]) -> dic
         env_run = f"{state['run_id']}-e{round_}"
         diagnosis = Diagnosis() if env == "augment" else state["diagnosis"]
         batches = state["rounds"] if env == "h0" else 1
-        _, final = await api.evolve_envs(
+        _, final = await run_env_evolution(
             state["pool"], diagnosis, ctx, harness=state["harness"], proposers=state["proposers"],
             max_refinements=state["max_refinements"], batch_size=state["batch_size"], tau=0.0 if env == "augment" else state["tau"],
             batches=batches, budget=state["budget"] * batches, run_id=env_run, on_event=_forward)
         admitted = [s["batch"] for s in final.get("screenings", []) if s["admitted"]]
-        await asyncio.to_thread(_copy_pairs, pool_dir(env_run), Path(state["catalog"]), [p for b in admitted for p in b])
+        await asyncio.to_thread(_copy_pairs, RunPaths.here().pool(env_run), Path(state["catalog"]), [p for b in admitted for p in b])
         if env == "h0":
             reserve, admitted = admitted[1:], admitted[:1]
     elif reserve:
@@ -220,7 +219,7 @@ async def evolve_envs(state: CoevolutionState, runtime: Runtime[Context]) -> dic
 async def evolve_harness(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
     """One harness-evolution block on the grown pool, selecting on the validation pairs; writes `harness`, `lineage`, `results`."""
     ctx = _sub(runtime.context, state)
-    harness_run, final = await api.evolve_harness(
+    harness_run, final = await run_harness_evolution(
         state["harness"], state["pool"], state["validation"], ctx, candidates=state["candidates"], mode=state["mode"],
         channel=state["channel"], rounds=state["review_rounds"], rule=state["rule"], gate_level=state.get("gate_level", GATE_LEVEL),
         run_id=f"{state['run_id']}-h{state['round']}",
@@ -246,10 +245,9 @@ async def final(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
     if not state["bench"] or not state.get("results"):
         return {}
     ctx = runtime.context
-    bench_run, metrics = await api.evaluate(state["harness"], state["bench"], ctx, run_id=f"{state['run_id']}-bench",
-                                            on_episode=_progress)
-    await asyncio.to_thread(lambda: Ledger(ctx.ledger).record_round(state["run_id"], state["rounds"], bench_run=bench_run))
-    return {"results": [{"round": "bench", "bench_run": bench_run, "bench": metrics.model_dump()}]}
+    run = await runner.evaluate(state["harness"], state["bench"], ctx, run_id=f"{state['run_id']}-bench", on_episode=_progress)
+    await asyncio.to_thread(lambda: Ledger(ctx.ledger).record_round(state["run_id"], state["rounds"], bench_run=run.run_id))
+    return {"results": [{"round": "bench", "bench_run": run.run_id, "bench": run.metrics.model_dump()}]}
 
 
 def build_coevolution() -> StateGraph:
@@ -268,3 +266,40 @@ def build_coevolution() -> StateGraph:
 
 builder = build_coevolution()
 graph = builder.compile(name="coevolution")
+
+
+async def run_coevolution(
+    base: str = "H0",
+    context: Context | None = None,
+    *,
+    train: list[str] | None = None,
+    validation: list[str] | None = None,
+    bench: list[str] | None = None,
+    rounds: int = 6,
+    env: str = "coevolve",
+    proposers: int = 5,
+    batch_size: int = 5,
+    tau: float = 0.4,
+    budget: int = 2,
+    max_refinements: int = 2,
+    candidates: int = 4,
+    mode: str = "fdcr",
+    channel: str = "structured",
+    review_rounds: int = 2,
+    rule: str = "hera",
+    gate_level: float = GATE_LEVEL,
+    run_id: str | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+) -> tuple[str, dict]:
+    """Runs (or resumes) a co-evolution: `rounds` of environment then harness evolution; the run id and its final
+    state (pool, batches, harness, lineage, per-round results). Pairs default to the catalog's splits."""
+    context = context or Context()
+    run_id = run_id or runner.new_run_id()
+    payload = {"run_id": run_id, "base": base, "train": train if train is not None else split_pairs("train", context.catalog),
+               "validation": validation if validation is not None else split_pairs("validation", context.catalog),
+               "bench": bench if bench is not None else split_pairs("bench", context.catalog), "rounds": rounds, "env": env,
+               "proposers": proposers, "batch_size": batch_size, "tau": tau, "budget": budget, "max_refinements": max_refinements,
+               "candidates": candidates, "mode": mode, "channel": channel, "review_rounds": review_rounds, "rule": rule,
+               "gate_level": gate_level}
+    return run_id, await runner.run_checkpointed(builder, "coevolution", run_id, payload, context, 20 + 10 * rounds,
+                                           on_event, RunPaths.here().coevolution)

@@ -31,7 +31,7 @@ import re
 import zlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Callable, Literal
 
 import yaml
 from langgraph.graph import END, START, StateGraph
@@ -46,6 +46,7 @@ from envs.construct import (add_implied_references, add_missing_keys, allow_miss
 from envs.grow import grow, naming_columns, referenced_first
 from envs.spec import SpecError, load_database, load_environment
 from graphs.env_evolution import ProposalInput, menu_of, proposal_graph
+from graphs import runner
 from graphs.episode import run_task
 from harness.tool_sandbox import ToolSandboxError, check_task, check_tools, sandboxed_seeds
 from roles.models import KINDS, InfrastructureError
@@ -56,6 +57,7 @@ from roles.task_writer import task_writer as write_request
 from roles.tool_coder import tool_coder as code_tools, tool_declarations as declare_tools
 from state.construction import DatabaseDraft, Decision, SolverAttempt, TaskDraft, ToolsDraft
 from state.context import Context
+from state.paths import RunPaths
 from state.evolution import ProposalOutcome, ProposalTarget
 from state.records import Mutation, Observation, PairSpec, TaskSpec, ToolCall, ToolInfo, UsageRecord, merge
 
@@ -559,3 +561,29 @@ def build_construct() -> StateGraph:
 
 builder = build_construct()
 graph = builder.compile(name="construct")
+
+
+async def run_construct(
+    theme: str,
+    out: str,
+    context: Context,
+    *,
+    tasks: int = 3,
+    max_attempts: int = 3,
+    max_turns: int = 12,
+    solver_tries: int = 3,
+    rows: int = 200,
+    pairs: int = 1,
+    max_refinements: int = 1,
+    run_id: str | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+) -> tuple[str, dict]:
+    """Builds (or resumes building) an environment from a theme into the directory `out`: its database grown to
+    `rows` per templated table, validated tools and reviewed tasks (each solved in up to `solver_tries` attempts), and up
+    to `pairs` certified twins per kept task;
+    the run id and its final state (status, env_id, kept, pairs_written, decisions, usage)."""
+    run_id = run_id or runner.new_run_id()
+    payload = {"theme": theme, "out": out, "tasks": tasks, "max_attempts": max_attempts, "max_turns": max_turns,
+               "solver_tries": solver_tries, "rows": rows, "pairs": pairs, "max_refinements": max_refinements}
+    return run_id, await runner.run_checkpointed(builder, "construct", run_id, payload, context, 30 + 4 * max_attempts, on_event,
+                                                RunPaths.here().evolution)

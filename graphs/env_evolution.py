@@ -21,8 +21,9 @@ import operator
 import re
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Callable, Literal
 
 import yaml
 from langchain_core.messages import HumanMessage
@@ -32,12 +33,12 @@ from langgraph.types import Command, Send
 from pydantic import Field, create_model
 from typing_extensions import NotRequired, TypedDict
 
-from envs.catalog import CATALOG, Parent, load_parent
+from envs.catalog import Parent, load_parent
 from envs.certify import certify
 from envs.menu import Option, menu
 from envs.mutation import apply_mutation
 from envs.spec import SpecError, check_pair, shipped
-from graphs import api
+from graphs import runner
 from graphs.fdcr import diagnosis_text
 from harness.tool_sandbox import sandboxed_menu
 from prompts import render
@@ -47,7 +48,8 @@ from roles.rescue_reviewer import rescue_reviewer as rescue_review
 from roles.semantic_reviewer import semantic_reviewer as semantic_review
 from state.context import Context
 from state.evolution import Diagnosis, ProposalOutcome, ProposalTarget, Review
-from state.ledger import Ledger, runs_dir
+from state.ledger import Ledger
+from state.paths import RunPaths
 from state.records import CATEGORIES, Mutation, PairSpec, Record, UsageRecord, merge
 
 
@@ -78,7 +80,7 @@ class ProposalState(ProposalInput, ProposalOutput, total=False):
 
 
 def _parent(target: ProposalTarget, ctx: Context) -> Parent:
-    return load_parent(target.parent, target.source or ctx.catalog or str(CATALOG))
+    return load_parent(target.parent, target.source or ctx.catalog)
 
 
 async def menu_of(parent: Parent) -> list[Option]:
@@ -228,10 +230,6 @@ class EnvEvolutionState(EnvEvolutionInput, EnvEvolutionOutput, total=False):
     batch: list[str]
 
 
-def pool_dir(run_id: str) -> Path:
-    return runs_dir() / "pools" / run_id
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
@@ -249,7 +247,7 @@ async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Contex
     round_ = state.get("design_round", 0) + 1
     weak = [g.category for g in state["diagnosis"].groups] or list(CATEGORIES)
     source = state.get("source", "")
-    entries = await asyncio.to_thread(lambda: [load_parent(p, source or ctx.catalog or str(CATALOG)) for p in parents])
+    entries = await asyncio.to_thread(lambda: [load_parent(p, source or ctx.catalog) for p in parents])
     summaries = "\n".join(f"- {e.id}: {e.env.description.strip().splitlines()[0]} Task: {e.task.instruction.strip()}" for e in entries)
     prompt = render("environment_designer", diagnosis=diagnosis_text(state["diagnosis"]), parents=summaries, count=str(n),
                     categories=", ".join(dict.fromkeys(weak + list(CATEGORIES))))
@@ -276,7 +274,7 @@ def fan_out_proposals(state: EnvEvolutionState) -> list[Send]:
 
 def write_pool(run_id: str, pairs: list[tuple[PairSpec, Path]]) -> Path:
     """Certified pairs as a catalog of their own: each parent's environment directory copied once, each pair a file."""
-    root = pool_dir(run_id)
+    root = RunPaths.here().pool(run_id)
     for pair, parent_dir in pairs:
         env_dir = root / parent_dir.name
         if not env_dir.exists():
@@ -311,13 +309,12 @@ async def batcher(state: EnvEvolutionState, runtime: Runtime[Context]) -> Comman
 async def screener(state: EnvEvolutionState, runtime: Runtime[Context]) -> Command[Literal["environment_designer", "__end__"]]:
     """Runs the current harness on the batch's infeasible sides; admits the batch when it fails on at least τ of them; writes `screenings`, `admitted`."""
     ctx, batch = runtime.context, state["batch"]
-    screen_ctx = Context(**{**ctx.__dict__, "catalog": str(pool_dir(state["run_id"]))})
-    eval_id, _ = await api.evaluate(state["harness"], batch, screen_ctx, run_id=f"{state['run_id']}-screen-{len(state.get('screenings', []))}",
-                                    sides=["abstain"])
-    ledger = await asyncio.to_thread(Ledger, ctx.ledger)
-    records = await asyncio.to_thread(ledger.episodes, eval_id)
+    screen_ctx = replace(ctx, catalog=str(RunPaths.here().pool(state["run_id"])))
+    run = await runner.evaluate(state["harness"], batch, screen_ctx, run_id=f"{state['run_id']}-screen-{len(state.get('screenings', []))}",
+                                sides=["abstain"])
+    eval_id, ledger = run.run_id, await asyncio.to_thread(Ledger, ctx.ledger)
     # grounded, as every headline score: a give-up that never saw the blocking evidence is a failure to abstain
-    failed = sorted(r.pair_id for r in records if r.status == "done" and r.grade and not (r.grade.success and r.grade.grounded))
+    failed = sorted(r.pair_id for r in run.done if r.grade and not (r.grade.success and r.grade.grounded))
     needed = math.ceil(state["tau"] * len(batch) - 1e-9)
     admitted = len(failed) >= needed
     screening = {"batch": batch, "screen_run": eval_id, "failed_to_abstain": failed, "needed": needed, "admitted": admitted}
@@ -343,3 +340,29 @@ def build_env_evolution() -> StateGraph:
 
 builder = build_env_evolution()
 graph = builder.compile(name="env_evolution")
+
+
+async def run_env_evolution(
+    parents: list[str],
+    diagnosis: Diagnosis,
+    context: Context,
+    *,
+    harness: str = "H0",
+    proposers: int = 5,
+    max_refinements: int = 2,
+    batch_size: int = 5,
+    tau: float = 0.4,
+    batches: int = 1,
+    budget: int = 2,
+    source: str = "",
+    run_id: str | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+) -> tuple[str, dict]:
+    """Runs (or resumes) environment evolution; the run id and its final state (outcomes, screenings, admitted).
+    `source`: the directory the parents are loaded from (a built environment's tasks), default the catalog."""
+    run_id = run_id or runner.new_run_id()
+    payload = {"run_id": run_id, "parents": parents, "diagnosis": diagnosis, "harness": harness, "proposers": proposers,
+               "max_refinements": max_refinements, "batch_size": batch_size, "tau": tau, "batches": batches, "budget": budget,
+               **({"source": source} if source else {})}
+    return run_id, await runner.run_checkpointed(builder, "env_evolution", run_id, payload, context, 100, on_event,
+                                                RunPaths.here().evolution)

@@ -36,7 +36,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 from typing_extensions import TypedDict
 
-from envs.catalog import CATALOG, Entry, load_entry, side_env
+from envs.catalog import Entry, load_entry, side_env
 from envs.mcp_server import connection, memory_session
 from harness.abi import BaseHarness, EpisodeView, ToolRequest, call_hook
 from harness.bundle import load_bundle
@@ -330,7 +330,7 @@ async def _journaled_as(scope: str | None, run):
 async def run_episode(request: EpisodeRequest, context: Context, episode_id: str, entry: Entry | None = None) -> dict:
     """Runs one episode to the end. The pair is loaded (unless the caller has
     it) and the MCP session opened and closed here, in one task, around the graph run."""
-    catalog = context.catalog or str(CATALOG)
+    catalog = context.catalog
     entry = entry or await asyncio.to_thread(load_entry, request.pair_id, catalog)
     async with environment_session(entry, request.side, catalog, context.env_transport) as session:
         return await _run(request, context, episode_id, Live(entry.pair.task.instruction, public_context(entry), session))

@@ -27,7 +27,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send
 from typing_extensions import NotRequired, TypedDict
 
-from envs.catalog import CATALOG, Entry, load_entry, side_env
+from envs.catalog import Entry, load_entry, side_env
 from envs.grading import ReplayMismatch, deterministic_grade
 from envs.spec import SpecError
 from graphs.episode import run_episode
@@ -73,7 +73,7 @@ async def planner(state: EvaluateState, runtime: Runtime[Context]) -> dict:
     problems = await asyncio.to_thread(_check, state["bundle"])
     if problems:
         raise ValueError("the bundle fails its checks: " + "; ".join(problems))
-    catalog = runtime.context.catalog or str(CATALOG)
+    catalog = runtime.context.catalog
     entries = {p: await asyncio.to_thread(load_entry, p, catalog) for p in state["pair_ids"]}
     envs = {p: e.env.id for p, e in entries.items()}
     bundle = await asyncio.to_thread(load_bundle, state["bundle"])
@@ -144,7 +144,7 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
 
 def _lookup(request: EpisodeRequest, ctx: Context) -> tuple[Entry, EpisodeKey]:
     """The pair and the rollout-cache key, in one trip off the event loop."""
-    entry = load_entry(request.pair_id, ctx.catalog or str(CATALOG))
+    entry = load_entry(request.pair_id, ctx.catalog)
     key = EpisodeKey(harness_hash=load_bundle(request.bundle).hash, env_hash=side_env(entry, request.side).hash,
                      task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial,
                      max_turns=ctx.max_turns)

@@ -21,15 +21,15 @@ import asyncio
 import operator
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Callable, Literal
 
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from typing_extensions import NotRequired, TypedDict
 
-from envs.catalog import CATALOG, load_entry
-from graphs import api
+from envs.catalog import load_entry
+from graphs import runner
 from graphs.episode import run_episode
 from graphs.fdcr import Turn, graph as fdcr_graph
 from graphs.metrics import fraction
@@ -42,7 +42,8 @@ from roles.failure_analyst import failure_analyst as analyse, failure_records
 from roles.harness_optimizer import describe_bundle, failure_text, harness_optimizer as optimize, signature, spec_text, stage
 from state.context import Context, EpisodeRequest
 from state.evolution import Diagnosis, FailureRecord, LineageEntry, ModificationSpec
-from state.ledger import Ledger, runs_dir
+from state.ledger import Ledger
+from state.paths import RunPaths
 from state.records import UsageRecord, merge
 
 Mode = Literal["fdcr", "aggregate", "serial"]
@@ -87,21 +88,15 @@ class HarnessEvolutionState(HarnessEvolutionInput, HarnessEvolutionOutput, total
     transcript: list[Turn]
 
 
-def bundles_dir(run_id: str) -> Path:
-    return runs_dir() / "bundles" / run_id
-
-
 def _entries(pair_ids: list[str], ctx: Context) -> dict:
-    return {p: load_entry(p, ctx.catalog or str(CATALOG)) for p in pair_ids}
+    return {p: load_entry(p, ctx.catalog) for p in pair_ids}
 
 
 async def _evaluate(bundle: str, pairs: list[str], ctx: Context, run_id: str) -> tuple[dict, list]:
-    """Metrics and episodes of one bundle on some pairs, as an evaluation run of its own (resumed by id)."""
+    """Metrics and graded episodes of one bundle on some pairs, as an evaluation run of its own (resumed by id)."""
     writer = get_stream_writer()
-    eval_id, metrics = await api.evaluate(bundle, pairs, ctx, run_id=run_id, on_episode=lambda r: writer(api.episode_event(r)))
-    ledger = await asyncio.to_thread(Ledger, ctx.ledger)
-    records = await asyncio.to_thread(ledger.episodes, eval_id)
-    return {**metrics.model_dump(), "run_id": eval_id}, [r for r in records if r.status == "done"]
+    run = await runner.evaluate(bundle, pairs, ctx, run_id=run_id, on_episode=lambda r: writer(runner.episode_event(r)))
+    return {**run.metrics.model_dump(), "run_id": run.run_id}, run.done
 
 
 async def _scores(bundle: str, state: HarnessEvolutionState, ctx: Context, name: str) -> tuple[dict, dict, list[FailureRecord], int]:
@@ -151,7 +146,7 @@ async def harness_optimizer(state: HarnessEvolutionState, runtime: Runtime[Conte
     name = f"c{index}"
     manifest = {"id": name, "parent_id": parent.bundle_id, "origin": f"harness_evolution:{state['mode']}:{state['channel']}",
                 "description": f"Candidate {index} of evolution run {state['run_id']}."}
-    staging = await asyncio.to_thread(stage, Path(parent.path), bundles_dir(state["run_id"]) / name, manifest)
+    staging = await asyncio.to_thread(stage, Path(parent.path), RunPaths.here().bundles(state["run_id"]) / name, manifest)
     groups = [f"{g.kind}/{g.category}" for g in state["diagnosis"].groups]
     if state["mode"] == "serial":
         briefs = [failure_text(f) for f in state["failures"]]
@@ -300,3 +295,26 @@ def build_harness_evolution() -> StateGraph:
 
 builder = build_harness_evolution()
 graph = builder.compile(name="harness_evolution")
+
+
+async def run_harness_evolution(
+    base: str,
+    pool: list[str],
+    validation: list[str],
+    context: Context,
+    *,
+    candidates: int = 4,
+    mode: str = "fdcr",
+    channel: str = "structured",
+    rounds: int = 2,
+    rule: str = "hera",
+    gate_level: float = GATE_LEVEL,
+    run_id: str | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+) -> tuple[str, dict]:
+    """Runs (or resumes) one harness-evolution block; the run id and its final state (lineage, selected)."""
+    run_id = run_id or runner.new_run_id()
+    payload = {"run_id": run_id, "base": base, "pool": pool, "validation": validation, "candidates": candidates,
+               "mode": mode, "channel": channel, "rounds": rounds, "rule": rule, "gate_level": gate_level}
+    return run_id, await runner.run_checkpointed(builder, "harness_evolution", run_id, payload, context,
+                                           50 + 10 * candidates, on_event, RunPaths.here().evolution)

@@ -22,7 +22,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from graphs.metrics import LABELS, MIN_CI_PAIRS, NAMES, Metrics, fraction, over_abstains, score
-from graphs.selection import min_pairs
 from state.evolution import LineageEntry, ProposalOutcome
 from state.ledger import Ledger
 from state.records import CATEGORIES, EpisodeRecord, UsageRecord

@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
 from langgraph.config import get_config
 
-from state.ledger import runs_dir
+from state.paths import RunPaths
 
 T = TypeVar("T")
 _scope: ContextVar[str | None] = ContextVar("hera_call_scope", default=None)
@@ -66,7 +66,7 @@ def current_scope() -> str | None:
 
 
 def _db() -> sqlite3.Connection:
-    path = runs_dir() / "calls.db"
+    path = RunPaths.here().calls
     with _lock:
         if path not in _connections:
             path.parent.mkdir(parents=True, exist_ok=True)

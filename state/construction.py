@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from state.records import AnswerCheck, CallPattern, ColumnType, Observation, Record, Scalar, StateCheck, UsageRecord
+from state.records import AnswerCheck, CallPattern, ColumnType, Observation, Record, Scalar, StateCheck
 
 
 class ColumnDraft(Record):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from state.paths import CATALOG
 from state.records import Record
 
 
@@ -21,7 +22,7 @@ class Context:
     task_proposals: str = "menu"  # "menu": a task is a change the write tools make, the model words its request; "free": it writes the rules too
     solver_model: str = "local"  # the independent solver of proposed tasks
     solver_harness: str = "H-small"  # the harness bundle the solver's model runs in
-    catalog: str = ""
+    catalog: str = str(CATALOG)
     ledger: str | None = None
     max_infra_retries: int = 2
     model_timeout_s: float = 1800.0  # a hang guard: 8,192 tokens from the local model on two cores take about 20 minutes

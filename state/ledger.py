@@ -27,12 +27,8 @@ from typing import AsyncIterator, Iterator
 import sqlite_utils
 
 from state.evolution import LineageEntry, ProposalOutcome
+from state.paths import RunPaths
 from state.records import Certification, EpisodeRecord, JudgeVerdict
-
-
-def runs_dir() -> Path:
-    """Where run output goes: `$HERA_RUNS`, else `runs/` in the working directory."""
-    return Path(os.environ.get("HERA_RUNS", "runs"))
 
 
 def _now() -> str:
@@ -71,7 +67,7 @@ class Ledger:
     a connection and a lock."""
 
     def __init__(self, path: Path | str | None = None):
-        self.path = (Path(path) if path else runs_dir() / "hera.db").resolve()
+        self.path = (Path(path) if path else RunPaths.here().ledger).resolve()
         with _open_lock:
             if self.path not in _open or not self.path.exists():
                 self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from graphs import api
-from graphs.coevolution import run_dir
+from state.paths import RunPaths
 from roles import scripted
 from state.context import Context
 from state.ledger import Ledger
@@ -110,7 +110,7 @@ def test_rounds_grow_the_pool_by_a_batch_keep_validation_and_hide_the_bench(cont
     bench_runs = {e.pair_id: run for run in [r["id"] for r in Ledger(context.ledger).runs()] for e in Ledger(context.ledger).episodes(run)}
     assert bench_runs["bench-drill"] == "co-1-bench"
     # the run's own catalog, which every role reads, never held the bench pair
-    assert not list((run_dir(run_id) / "catalog").glob("*/pairs/bench-drill.yaml"))
+    assert not list((RunPaths.here().coevolution_run(run_id) / "catalog").glob("*/pairs/bench-drill.yaml"))
     prompts = "\n".join(m.content for name in ("proposer", "reviewer", "analyst", "optimizer")
                         for c in scripted.calls(name) for m in c.messages)
     assert "Reserve two cordless drills" in prompts

@@ -9,6 +9,7 @@ import yaml
 
 from envs.catalog import load_catalog, load_parent
 from graphs import api
+from state.paths import RunPaths
 from roles import scripted
 from roles.mutation_proposer import describe_parent
 from state.context import Context
@@ -66,7 +67,7 @@ def test_certified_batch_admitted_when_the_harness_fails_to_abstain(context):
     assert final["admitted"] == [outcome.pair_id]
     ledger = Ledger(context.ledger)
     assert [p.status for p in ledger.proposals(run_id)] == ["certified"] and ledger.batches(run_id)[0]["admitted"] == 1
-    written = load_catalog(api.runs_dir() / "pools" / run_id)
+    written = load_catalog(RunPaths.here().pool(run_id))
     assert list(written) == [outcome.pair_id] and written[outcome.pair_id].pair.mutation == Mutation.model_validate(PRICE_MISSING)
 
 

@@ -1,0 +1,231 @@
+"""The runner: compiles a graph with checkpoints under the runs directory and runs it by run id, resuming an
+interrupted run from its last checkpoint; the programmatic API, the CLI and the evolution graphs (which run
+evaluations and sub-runs of their own) all run graphs through it.
+
+`evaluate` runs the `evaluate` graph under a claim in the ledger and returns the run's metrics with its
+episode records; `run_checkpointed` runs any other graph and returns its final state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import gc
+import json
+import secrets
+import sqlite3
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import AsyncIterator, Callable
+
+import aiosqlite
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.graph import StateGraph
+
+from graphs import evaluate as evaluate_graph
+from graphs.metrics import Metrics
+from harness.bundle import load_bundle
+from roles.models import reset_endpoints
+from state.context import Context
+from state.ledger import Ledger, LedgerError, held
+from state.paths import RunPaths
+from state.records import EpisodeRecord
+
+BUSY_TIMEOUT_S = 60.0  # how long opening or writing the checkpoints waits for another process's write
+SETUP_RETRY_S = 0.05
+# The record types our checkpoints carry, allowed by name when read back.
+SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
+    ("state.records", name) for name in ("EpisodeRecord", "EpisodeKey", "Grade", "Observation", "UsageRecord", "Certification", "CheckResult")
+] + [("state.evolution", name) for name in ("FailureRecord", "FailureGroup", "Diagnosis", "ProposedChange", "Skill",
+                                            "ModificationSpec", "ComponentChoice", "LineageEntry")
+] + [("state.evolution", name) for name in ("ProposalTarget", "Review", "ProposalOutcome")
+] + [("state.records", name) for name in ("Mutation", "StateOp", "ToolPatch", "Scope", "Evidence")
+] + [("state.construction", name) for name in ("Decision", "SolverAttempt", "TaskDraft")
+] + [("state.records", name) for name in ("ToolInfo", "AnswerCheck", "StateCheck", "CallPattern", "TaskSpec", "ReferenceSolution", "ToolCall")
+] + [("state.context", "EpisodeRequest"), ("graphs.metrics", "Metrics"), ("graphs.fdcr", "Turn")])
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A finished (or, when an endpoint went down, incomplete) evaluation run: its metrics and the episode
+    records it scored, in the order it ran them."""
+
+    run_id: str
+    metrics: Metrics
+    episodes: tuple[EpisodeRecord, ...]
+
+    @property
+    def done(self) -> list[EpisodeRecord]:
+        """The episodes that ended and were graded (not infrastructure errors)."""
+        return [r for r in self.episodes if r.status == "done"]
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def tune_gc() -> None:
+    """For a process that runs many episodes: start-up objects leave the
+    collector's view and young objects are collected less often, which cuts
+    the collector's share of CPU per episode (benchmarks/bench_runtime.py)."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+
+
+@asynccontextmanager
+async def checkpointer(path: Path) -> AsyncIterator[AsyncSqliteSaver]:
+    """A checkpointer on `path` that waits for another writer (a second evaluation in the same runs
+    directory) instead of failing with "database is locked"."""
+    async with aiosqlite.connect(path, timeout=BUSY_TIMEOUT_S) as conn:
+        saver = AsyncSqliteSaver(conn)
+        saver.serde = SERDE
+        # Two connections setting up a new file at once: one's switch to WAL fails at once, busy timeout or not
+        # (seen: 58 of 200 concurrent first opens); it is tried again once the other is done.
+        for _ in range(int(BUSY_TIMEOUT_S / SETUP_RETRY_S)):
+            try:
+                await saver.setup()
+                break
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error):
+                    raise
+                await asyncio.sleep(SETUP_RETRY_S)
+        yield saver
+
+
+_executors: dict[asyncio.AbstractEventLoop, int] = {}
+
+
+def _threads(workers: int) -> None:
+    """Every episode does blocking work (ledger, grading) in threads: the loop's pool holds at least `workers`,
+    set once and grown only when a larger evaluation needs more (a nested one keeps the pool it found)."""
+    loop = asyncio.get_running_loop()
+    if _executors.get(loop, 0) < workers:
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=workers))
+        _executors[loop] = workers
+
+
+async def evaluate(
+    bundle: str,
+    pair_ids: list[str],
+    context: Context,
+    *,
+    trials: int = 1,
+    seed: int = 0,
+    concurrency: int = 1,
+    run_id: str | None = None,
+    on_episode: Callable[[EpisodeRecord], None] | None = None,
+    sides: list[str] | None = None,
+) -> Evaluation:
+    """Runs (or resumes, given the id of an interrupted run) an evaluation.
+
+    One process at a time evaluates a run (a claim in the ledger); a resume whose run the ledger has lost
+    is refused (`LedgerError`) before anything is evaluated."""
+    _check_request(pair_ids, trials, concurrency, context)
+    reset_endpoints(context.agent_model, context.judge_model)
+    run_id = run_id or new_run_id()
+    paths = RunPaths.here()
+    await asyncio.to_thread(paths.root.mkdir, parents=True, exist_ok=True)
+    _threads(concurrency + 4)
+    ledger = await asyncio.to_thread(Ledger, context.ledger)
+    async with checkpointer(paths.checkpoints) as saver:
+        graph = evaluate_graph.builder.compile(checkpointer=saver, name="evaluate")
+        config = {"configurable": {"thread_id": run_id}, "max_concurrency": concurrency, "recursion_limit": 100}
+        previous = await graph.aget_state(config)
+        # the planner records the run in the ledger: past it, a run the ledger does not know was lost there
+        if "order" in previous.values and await asyncio.to_thread(ledger.run, run_id) is None:
+            raise LedgerError(f"run {run_id} has checkpoints in {paths.checkpoints} but no row in the ledger {ledger.path}: "
+                              "the ledger was emptied or replaced; restore it from a backup, or start a new run "
+                              "(without --run-id); nothing was evaluated")
+        owner = uuid.uuid4().hex
+        holder = await asyncio.to_thread(ledger.claim_run, run_id, owner)
+        if holder is not None:
+            raise ValueError(f"run {run_id} is being evaluated by pid {holder['pid']} on {holder['host']} since "
+                             f"{holder['started_at']} (a claim in {ledger.path}); wait for it, or stop it and resume")
+        async with held(ledger, f"run:{run_id}", owner):
+            payload = None if previous.tasks else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials,
+                                                  "seed": seed, **({"sides": sides} if sides else {})}
+            if payload:
+                await asyncio.to_thread(_check_same_run, run_id, payload, context)
+            async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="sync"):
+                for node, value in update.items():
+                    if node == "episode_worker" and on_episode and value:
+                        for record in value["results"].values():
+                            on_episode(record)
+            final = await graph.aget_state(config)
+    order = {p: i for i, p in enumerate(final.values.get("order") or pair_ids)}
+    episodes = sorted(final.values.get("results", {}).values(),
+                      key=lambda r: (order.get(r.pair_id, len(order)), r.key.trial, r.key.side != "act"))
+    return Evaluation(run_id, final.values["metrics"], tuple(episodes))
+
+
+def _check_request(pair_ids: list[str], trials: int, concurrency: int, context: Context) -> None:
+    """Refuses, before anything is recorded, an evaluation that could never complete or run."""
+    twice = sorted(p for p, n in collections.Counter(pair_ids).items() if n > 1)
+    problems = ["no pairs"] if not pair_ids else []
+    problems += [f"pairs given more than once: {', '.join(twice)}"] if twice else []
+    problems += [f"trials={trials} (at least 1)"] if trials < 1 else []
+    problems += [f"concurrency={concurrency} (at least 1)"] if concurrency < 1 else []
+    problems += [f"max_infra_retries={context.max_infra_retries} (at least 0)"] if context.max_infra_retries < 0 else []
+    problems += [f"max_turns={context.max_turns} (at least 1, or None)"] if context.max_turns is not None and context.max_turns < 1 else []
+    if problems:
+        raise ValueError("cannot evaluate: " + "; ".join(problems))
+
+
+def recorded_run(run_id: str, context: Context) -> dict | None:
+    """What a recorded evaluation run evaluated: bundle, pair_ids, trials, seed, model, judge; None for an unknown run."""
+    run = Ledger(context.ledger).run(run_id)
+    if run is None or not run.get("pairs"):
+        return None
+    return {"bundle": run.get("bundle_ref") or run["bundle"], "pair_ids": json.loads(run["pairs"]),
+            "trials": run.get("trials"), "seed": run.get("seed") or 0, "model": run.get("model"), "judge": run.get("judge")}
+
+
+def _check_same_run(run_id: str, payload: dict, context: Context) -> None:
+    """A run id names one evaluation: resuming it with other pairs, bundle, trials or models is refused, not silently merged."""
+    recorded = recorded_run(run_id, context)
+    if recorded is None:
+        return
+    given = {**payload, "model": context.agent_model, "judge": context.judge_model}
+    differs = [k for k, v in recorded.items() if v is not None and given.get(k) != v and not (k == "bundle" and load_bundle(given[k]).hash == load_bundle(v).hash)]
+    if differs:
+        raise ValueError(f"run {run_id} evaluated " + ", ".join(f"{k}={recorded[k]!r}" for k in differs)
+                         + "; resume it with the same settings (omit them to reuse the recorded ones) or start a new run")
+
+
+def episode_event(record: EpisodeRecord) -> dict:
+    """What progress displays show of a finished episode."""
+    return {"episode": record.pair_id, "side": record.key.side, "bundle": record.bundle,
+            "success": bool(record.grade and record.grade.success), "status": record.status}
+
+
+async def run_checkpointed(builder: StateGraph, name: str, run_id: str, payload: dict, context: Context, recursion_limit: int,
+                           on_event: Callable[[str, dict], None] | None, store: Path) -> dict:
+    """Runs a graph under its run id in the checkpoint file `store`, or resumes it from its last checkpoint; its final
+    state (a run that already finished is not run again). A run is unfinished while its last checkpoint has tasks:
+    `next` alone misses a run killed after a node's writes were kept but before the next checkpoint.
+
+    `on_event(node, update)` sees every node's update, subgraphs' included, and
+    `("episode", {...})` for each episode an evaluation inside it finishes."""
+    store.parent.mkdir(parents=True, exist_ok=True)
+    async with checkpointer(store) as saver:
+        graph = builder.compile(checkpointer=saver, name=name)
+        config = {"configurable": {"thread_id": run_id}, "recursion_limit": recursion_limit}
+        previous = await graph.aget_state(config)
+        if previous.values and not previous.tasks:
+            return previous.values
+        async for _, kind, value in graph.astream(None if previous.tasks else payload, config, context=context,
+                                                  stream_mode=["updates", "custom"], subgraphs=True, durability="sync"):
+            if on_event is None:
+                continue
+            if kind == "custom":
+                on_event("episode", value)
+            else:
+                for node, update in value.items():
+                    on_event(node, update or {})
+        final = await graph.aget_state(config)
+    return final.values

@@ -1,0 +1,67 @@
+"""Where things live: the built-in catalog, and every file a run writes under one runs root (`$HERA_RUNS`, else
+`runs/` in the working directory). `runs/README.md` says what each store holds."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CATALOG = Path(__file__).resolve().parent.parent / "envs" / "catalog"  # the built-in benchmark
+
+
+def runs_dir() -> Path:
+    """Where run output goes: `$HERA_RUNS`, else `runs/` in the working directory."""
+    return Path(os.environ.get("HERA_RUNS", "runs"))
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The stores and folders under one runs root."""
+
+    root: Path
+
+    @classmethod
+    def here(cls) -> RunPaths:
+        return cls(runs_dir())
+
+    @property
+    def ledger(self) -> Path:
+        """Runs, episodes (the rollout cache), grades, judge verdicts, certifications, lineage, rounds, batches, claims."""
+        return self.root / "hera.db"
+
+    @property
+    def checkpoints(self) -> Path:
+        """LangGraph checkpoints of evaluation runs, one thread per run id."""
+        return self.root / "checkpoints.db"
+
+    @property
+    def evolution(self) -> Path:
+        """Checkpoints of harness-evolution, environment-evolution and construction runs."""
+        return self.root / "evolution.db"
+
+    @property
+    def coevolution(self) -> Path:
+        """Checkpoints of co-evolution runs (whose sub-runs checkpoint in `evolution` and `checkpoints`)."""
+        return self.root / "coevolution.db"
+
+    @property
+    def calls(self) -> Path:
+        """The call journal: model replies made inside checkpointed runs, re-read on resume."""
+        return self.root / "calls.db"
+
+    def bundles(self, run_id: str) -> Path:
+        """Harness candidates a harness-evolution run wrote."""
+        return self.root / "bundles" / run_id
+
+    def pool(self, run_id: str) -> Path:
+        """The certified pairs an environment-evolution run made, as a catalog."""
+        return self.root / "pools" / run_id
+
+    def coevolution_run(self, run_id: str) -> Path:
+        """A co-evolution run's own catalog (its training and validation pairs, and the batches it admits)."""
+        return self.root / "coevolution" / run_id
+
+    def report(self, run_id: str) -> Path:
+        """`hera report`'s Markdown, HTML and figures for a run."""
+        return self.root / "reports" / run_id
