@@ -29,7 +29,7 @@ from rich.table import Table
 
 from graphs import api
 from graphs.episode import run_episode
-from roles import scripted
+from roles.models import scripted
 from roles.models import chat_model
 from state.context import Context, EpisodeRequest
 

@@ -41,7 +41,7 @@ from envs.mcp_server import connection, memory_session
 from harness.abi import BaseHarness, EpisodeView, ToolRequest, call_hook
 from harness.bundle import load_bundle
 from harness.remote import HookError, SandboxedHarness
-from roles.journal import call_scope, run_thread
+from state.journal import call_scope, run_thread
 from roles.models import ChatModel, ContextLimitError, InfrastructureError, chat_model
 from state.context import Context, EpisodeRequest
 from state.records import EnvironmentSpec, Observation, ToolInfo, UsageRecord, capped

@@ -37,7 +37,7 @@ from graphs.selection import GATE_LEVEL, gate_warning, judge
 from harness.bundle import bundle_diff, load_bundle
 from harness.check import check_bundle, placeholder
 from harness.leakage import leaks
-from roles import scripted
+from roles.models import scripted
 from roles.failure_analyst import failure_analyst as analyse, failure_records
 from roles.harness_optimizer import describe_bundle, failure_text, harness_optimizer as optimize, signature, spec_text, stage
 from state.context import Context, EpisodeRequest

@@ -8,9 +8,10 @@ from langchain_core.messages import HumanMessage, SystemMessage
 
 from envs.catalog import load_catalog
 from envs.spec import load_tools
-from roles import scripted
-from roles.models import InfrastructureError, OpenAICompatibleModel, chat_model, local_slot
-from roles.tool_calls import ACTION_INSTRUCTION, ActionError, action_schema, describe_tools, parse_action
+from roles.models import scripted
+from roles.models import InfrastructureError, chat_model
+from roles.models.openai import OpenAICompatibleModel, local_slot
+from roles.models.tool_calls import ACTION_INSTRUCTION, ActionError, action_schema, describe_tools, parse_action
 from tests.test_models import TOOLS, chat_body, endpoint, model  # noqa: F401 (endpoint is a fixture)
 
 CATALOG = load_catalog()

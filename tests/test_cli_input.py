@@ -11,7 +11,7 @@ import pytest
 
 from graphs import api
 from graphs.cli import main
-from roles import scripted
+from roles.models import scripted
 from state.context import Context
 from state.ledger import Ledger
 from tests.conftest import FIXTURES

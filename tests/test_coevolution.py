@@ -19,7 +19,7 @@ import yaml
 
 from graphs import api
 from state.paths import RunPaths
-from roles import scripted
+from roles.models import scripted
 from state.context import Context
 from state.ledger import Ledger
 from tests.conftest import FIXTURES

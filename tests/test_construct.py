@@ -25,7 +25,7 @@ from graphs import cli
 from graphs.construct import builder
 from harness.bundle import load_bundle
 from harness.tool_sandbox import check_tools, sandboxed_seeds
-from roles import scripted
+from roles.models import scripted
 from state.construction import DatabaseDraft, Named, TaskDraft, TaskSeed, ToolsDraft
 from state.context import Context
 from state.records import AnswerCheck, StateCheck, ToolCall

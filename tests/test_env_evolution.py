@@ -10,7 +10,7 @@ import yaml
 from envs.catalog import load_catalog, load_parent
 from graphs import api
 from state.paths import RunPaths
-from roles import scripted
+from roles.models import scripted
 from roles.mutation_proposer import describe_parent
 from state.context import Context
 from state.evolution import Diagnosis, FailureGroup

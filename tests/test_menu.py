@@ -10,7 +10,7 @@ from envs.catalog import load_catalog
 from envs.certify import certify
 from envs.menu import MAX_OPTIONS, facts, menu
 from graphs import api
-from roles import scripted
+from roles.models import scripted
 from roles.mutation_proposer import choice_schema
 from state.context import Context
 from state.records import Mutation

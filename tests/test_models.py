@@ -11,24 +11,11 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from pydantic import BaseModel
 
-from roles import scripted
-from roles.models import (
-    ContextLimitError,
-    ChatModel,
-    IDLE_TIMEOUT_S,
-    InfrastructureError,
-    LOCAL_FIRST_TOKEN_S,
-    OpenAICompatibleModel,
-    STRUCTURED_MAX_TOKENS,
-    backoff_s,
-    chat_model,
-    cost_usd,
-    endpoint_down,
-    reset_endpoints,
-    response_format,
-)
-from roles.scripted import ScriptError
-from roles.tool_calls import describe_tools, fold_history, number_calls, parse_tool_calls
+from roles.models import scripted
+from roles.models import LOCAL_FIRST_TOKEN_S, ChatModel, ContextLimitError, InfrastructureError, chat_model, cost_usd, endpoint_down, reset_endpoints
+from roles.models.openai import IDLE_TIMEOUT_S, STRUCTURED_MAX_TOKENS, OpenAICompatibleModel, backoff_s, response_format
+from roles.models.scripted import ScriptError
+from roles.models.tool_calls import describe_tools, fold_history, number_calls, parse_tool_calls
 from state.records import ToolInfo, UsageRecord
 
 SECRET = "sk-test-secret-0123456789"

@@ -10,7 +10,7 @@ from rich.progress import Progress
 
 from graphs.cli import main
 from graphs.progress import Lines, progress
-from roles import scripted
+from roles.models import scripted
 from tests.conftest import FIXTURES
 from tests.scripts import shop_agent, shop_judge
 

@@ -11,7 +11,7 @@ from graphs.cli import main
 from graphs.metrics import score
 from graphs.report import build_report, render_html, render_markdown, score_rows
 from harness.bundle import BUNDLES
-from roles import scripted
+from roles.models import scripted
 from state.evolution import LineageEntry, ModificationSpec, ProposalOutcome, ProposalTarget
 from state.ledger import Ledger
 from state.records import EpisodeKey, EpisodeRecord, Grade, UsageRecord

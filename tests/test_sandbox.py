@@ -20,7 +20,7 @@ from harness.bundle import BUNDLES, load_bundle
 from harness.check import _TOOL, check_bundle
 from harness.remote import HookError, SandboxedHarness
 from envs.sandbox import ROOT, isolation
-from roles import scripted
+from roles.models import scripted
 from state.context import Context, EpisodeRequest
 from state.records import Observation
 from tests.conftest import FIXTURES

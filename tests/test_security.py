@@ -25,7 +25,7 @@ from envs.spec import load_environment
 from graphs.cli import main
 from harness.bundle import load_bundle
 from harness.remote import SandboxedHarness
-from roles import scripted
+from roles.models import scripted
 from tests.conftest import FIXTURES
 from tests.scripts import shop_agent, shop_judge
 from tests.test_sandbox import candidate, view_for

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from graphs import api
-from roles import journal
+from state import journal
 from tests.test_coevolution import SETTINGS, models, register_models
 
 

@@ -15,7 +15,7 @@ import time
 
 from graphs import api
 from graphs import evaluate as evaluate_graph
-from roles import scripted
+from roles.models import scripted
 from state.context import Context
 from state.ledger import Ledger
 from tests.conftest import FIXTURES

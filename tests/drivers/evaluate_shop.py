@@ -9,7 +9,7 @@ import sys
 from functools import partial
 
 from graphs import api
-from roles import scripted
+from roles.models import scripted
 from state.context import Context
 from tests.conftest import FIXTURES
 from tests.scripts import shop_agent, shop_judge

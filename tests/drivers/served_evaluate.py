@@ -6,7 +6,7 @@ abstain: get_item, refusal) and two judge verdicts.
 """
 
 from graphs.evaluate import graph
-from roles import scripted
+from roles.models import scripted
 from tests.scripts import shop_agent, shop_judge
 
 scripted.register("agent", [shop_agent] * 5)

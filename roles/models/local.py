@@ -295,9 +295,9 @@ class LocalServer:
             return self
         started = time.monotonic()
         self.port = free_port()
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        command = [sys.executable, "-m", "roles.local_model", "serve", str(self.model), "--port", str(self.port),
+        command = [sys.executable, "-m", "roles.models.local", "serve", str(self.model), "--port", str(self.port),
                    "--ctx", str(self.n_ctx), "--threads", str(self.threads), "--slots", str(self.slots)]
         with open(self.log, "wb") as log:
             self._child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
@@ -404,7 +404,7 @@ def _serve(model: str, port: int, n_ctx: int, threads: int, n_slots: int) -> Non
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m roles.local_model")
+    parser = argparse.ArgumentParser(prog="python -m roles.models.local")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("fetch", help="download, assemble and verify the model; print its path")
     serve = commands.add_parser("serve", help="serve a model file until stdin closes (used by LocalServer)")

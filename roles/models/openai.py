@@ -1,46 +1,28 @@
-"""The model seam: every LLM role gets its model here, from a spec string.
-
-`openai:<model>` is any OpenAI-compatible endpoint through `ChatOpenAI`
-(OPENAI_API_KEY, OPENAI_BASE_URL), with native tool calls. `local` is the
-embedded llama.cpp model of `roles.local_model`, which writes its tool calls as
-text, so its conversations go through the adapter of `roles.tool_calls`.
-`scripted:<name>` replays a script registered in `roles.scripted` (tests).
-
-Every call has a timeout, and replies are streamed so that a silent endpoint
-is noticed within the idle timeout (HERA_IDLE_TIMEOUT_S, 45 s: before the
-first token and between tokens) rather than the call's. Endpoint trouble (HTTP 429 and 5xx, connection
-errors, timeouts, malformed bodies, replies cut off with nothing usable) is
-retried with exponential backoff and jitter, then raised as
-`InfrastructureError`, which callers record and re-run instead of scoring it
-as an agent failure (DESIGN.md §7). An endpoint that `TRIP_AFTER` calls in a
-row could not reach (refused, or silent past their timeouts) is down: later
-calls fail at once and an evaluation stops (`endpoint_down`); `endpoint_problem`
-asks an endpoint once before a run. Each call's usage is recorded for the
-caller's role, priced from the table in HERA_MODEL_PRICES.
-"""
+"""Models behind an OpenAI-compatible chat completions endpoint: any `openai:<model>` server, and the embedded
+llama.cpp model (`local`), whose tool calls go through the text adapter of `roles.models.tool_calls`. Every
+call has a timeout, replies are streamed so a silent endpoint is noticed within the idle timeout, and
+endpoint trouble is retried with backoff, then raised as `InfrastructureError`."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import os
 import random
 import time
 import weakref
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Coroutine, Literal, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Awaitable, Callable, TypeVar
 
 import httpx
 import openai
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage, messages_to_dict
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ValidationError
 
-from roles.journal import journaled
-from roles.local_model import QWEN_CODER_1_5B, local_server, slots
-from roles.tool_calls import (
+from roles.models.base import CONTEXT_MARKERS, ActionMode, Completion, ContextLimitError, InfrastructureError, check_messages, cost_usd
+from roles.models.local import local_server, slots
+from roles.models.tool_calls import (
     ACTION_INSTRUCTION,
     ActionError,
     action_schema,
@@ -56,274 +38,12 @@ from state.records import ToolInfo, UsageRecord
 
 log = logging.getLogger(__name__)
 
-KINDS = ("rate_limited", "server_error", "timeout", "malformed", "truncated", "connection")
 MAX_BACKOFF_S = 60.0
 # A structured reply longer than this is a model going round in its grammar (seen: a 1.5B model past 2,000
 # tokens of one JSON reply at 3 tokens/s); it is cut off and asked again, not waited for.
 STRUCTURED_MAX_TOKENS = 1536
 IDLE_TIMEOUT_S = 45.0
-PROBE_TIMEOUT_S = 10.0
-TRIP_AFTER = 3  # calls in a row, each after its own retries, that found no endpoint answering
-UNREACHABLE = ("connection", "timeout")
-# The embedded model reads a prompt at about 30 tokens/s on two cores (README), so a full 16k-token slot
-# without a cached prefix takes some 550 s before its first token; a server that is alive is given that time.
-LOCAL_FIRST_TOKEN_S = 900.0
-LOCAL_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "extra_body": {"top_k": 20, "repeat_penalty": 1.05}}
 T = TypeVar("T")
-ActionMode = Literal["text", "structured"]
-
-
-class InfrastructureError(Exception):
-    """The model endpoint failed us (down, overloaded, too slow, or a broken reply) even after retries.
-
-    Never an agent failure: record it and re-run. `kind` is one of `KINDS`.
-    """
-
-    def __init__(self, kind: str, detail: str = "", spec: str = "", attempts: int = 1):
-        if kind not in KINDS:
-            raise ValueError(f"InfrastructureError kind must be one of {', '.join(KINDS)}; got {kind!r}")
-        super().__init__(kind, detail, spec, attempts)
-        self.kind, self.detail, self.spec, self.attempts = kind, detail, spec, attempts
-
-    def __str__(self) -> str:
-        where = f"{self.spec}: " if self.spec else ""
-        tries = f" after {self.attempts} attempts" if self.attempts > 1 else ""
-        return f"{where}{self.kind}{tries}" + (f": {self.detail}" if self.detail else "")
-
-
-class ContextLimitError(Exception):
-    """The conversation no longer fits the model's context window. Building
-    the context is the harness's job, so this ends the episode as the
-    harness's failure; it is not an infrastructure error."""
-
-
-CONTEXT_MARKERS = ("context size", "context length", "context_length", "maximum context", "too many tokens", "context window")
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One model turn: the reply (tool calls with our ids `call_<n>`), its usage, and whether it was cut off."""
-
-    message: AIMessage
-    usage: UsageRecord
-    truncated: bool = False
-
-
-@runtime_checkable
-class ChatModel(Protocol):
-    """What every role calls. Both methods raise `InfrastructureError` when the endpoint fails for good."""
-
-    spec: str
-
-    async def complete(
-        self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *, max_tokens: int | None = None,
-        temperature: float | None = None, action_mode: ActionMode = "text",
-    ) -> Completion:
-        """The next assistant turn of `messages`, free to call `tools`; `temperature` None keeps the model's
-        default. With `action_mode="structured"` the turn is exactly one call of `tools` or a final answer
-        (`roles.tool_calls.action_schema`), and a reply outside that grammar is a malformed reply."""
-        ...
-
-    async def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, UsageRecord]:
-        """A reply constrained to `schema` (a JSON-schema response format) and validated against it."""
-        ...
-
-
-def chat_model(
-    spec: str, *, role: str, timeout_s: float = 180.0, max_retries: int = 4, retry_base_s: float | None = None,
-    idle_timeout_s: float | None = None,
-) -> ChatModel:
-    """The model named by `spec`, recording usage under `role`.
-
-    `retry_base_s` is the first backoff delay (doubling per retry, with
-    jitter); it defaults to HERA_RETRY_BASE_S or 1 s. `idle_timeout_s` is the
-    longest silence of an endpoint before a reply's first token or between
-    two tokens; it defaults to HERA_IDLE_TIMEOUT_S or 45 s.
-    """
-    if retry_base_s is None:
-        retry_base_s = _seconds("HERA_RETRY_BASE_S", 1.0)
-    if idle_timeout_s is None:
-        idle_timeout_s = _seconds("HERA_IDLE_TIMEOUT_S", IDLE_TIMEOUT_S, positive=True)
-    return JournaledModel(_provider_model(spec, role, {"timeout_s": timeout_s, "max_retries": max_retries, "retry_base_s": retry_base_s,
-                                                       "idle_timeout_s": idle_timeout_s}))
-
-
-def _seconds(variable: str, default: float, positive: bool = False) -> float:
-    raw = os.environ.get(variable)
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = -1.0
-    if value < 0 or positive and value == 0:
-        raise ValueError(f"{variable} must be a {'positive ' if positive else ''}number of seconds; got {raw!r}")
-    return value
-
-
-def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatModel:
-    provider, _, name = spec.partition(":")
-    if spec == "local":
-        # The agent's turns keep a server slot (and its prompt cache) of their own: a judge's or
-        # a reviewer's call in between would otherwise evict the agent's cached prefix.
-        sampling = {**LOCAL_SAMPLING, "extra_body": {**LOCAL_SAMPLING["extra_body"], "id_slot": local_slot(role)}}
-        return OpenAICompatibleModel(
-            spec, role=role, model=QWEN_CODER_1_5B.name, record_as=f"local:{QWEN_CODER_1_5B.name}",
-            base_url=_local_base_url, api_key="local", text_tools=True, sampling=sampling,
-            first_token_s=max(LOCAL_FIRST_TOKEN_S, reliability["idle_timeout_s"]), **reliability,
-        )
-    if provider == "openai" and name:
-        api_key = os.environ.get("OPENAI_API_KEY")
-        if not api_key:
-            raise ValueError(f"model spec {spec!r} needs OPENAI_API_KEY (any value for a server without keys)")
-        return OpenAICompatibleModel(spec, role=role, model=name, record_as=spec, base_url=_openai_base_url(),
-                                     api_key=api_key, **reliability)
-    if provider == "scripted" and name:
-        from roles.scripted import ScriptedModel
-
-        return ScriptedModel(name, role=role)
-    raise ValueError(f"unknown model spec {spec!r}: expected 'openai:<model>', 'local' or 'scripted:<name>'")
-
-
-def _openai_base_url() -> str | None:
-    return os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL") or None
-
-
-def endpoint_problem(spec: str, timeout_s: float | None = None) -> str | None:
-    """Why the endpoint behind `spec` cannot serve a run, from one `GET /models` (a refused or failed connection,
-    no answer within `timeout_s`, a rejected key); None when it answers. Only `openai:` specs have an endpoint
-    to ask: the local server starts on demand, and scripted models have none."""
-    if spec.partition(":")[0] != "openai":
-        return None
-    if timeout_s is None:
-        timeout_s = min(PROBE_TIMEOUT_S, _seconds("HERA_IDLE_TIMEOUT_S", IDLE_TIMEOUT_S, positive=True))
-    base_url = (_openai_base_url() or "https://api.openai.com/v1").rstrip("/")
-    try:
-        answer = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', '')}"},
-                           timeout=timeout_s)
-    except httpx.TimeoutException:
-        return f"{base_url} did not answer within {timeout_s:g} s"
-    except (httpx.HTTPError, httpx.InvalidURL) as error:
-        return f"{base_url} is unreachable ({error or type(error).__name__})"
-    if answer.status_code in (401, 403):
-        return f"{base_url} refused the key in OPENAI_API_KEY (HTTP {answer.status_code})"
-    return None
-
-
-_unreachable: dict[str, list[str]] = {}  # spec -> its calls in a row that found no endpoint answering
-
-
-def endpoint_down(*specs: str) -> str | None:
-    """Why a run on these specs should stop now: one whose last `TRIP_AFTER` calls found no endpoint answering."""
-    for spec in specs:
-        failed = _unreachable.get(spec, [])
-        if len(failed) >= TRIP_AFTER:
-            return f"{spec}: {len(failed)} calls in a row found no endpoint answering (last: {failed[-1]})"
-    return None
-
-
-def reset_endpoints(*specs: str) -> None:
-    """Gives these specs' endpoints (without specs, every one) a fresh start: a new evaluation tries them again."""
-    for spec in specs or list(_unreachable):
-        _unreachable.pop(spec, None)
-
-
-class JournaledModel:
-    """A model whose replies inside checkpointed runs go through the call journal (roles/journal.py),
-    so a resumed run does not make a finished call again."""
-
-    def __init__(self, model: ChatModel):
-        self.model, self.spec = model, model.spec
-        self.role = getattr(model, "role", "")
-
-    def __repr__(self) -> str:
-        return repr(self.model)
-
-    def _request(self, method: str, messages: list[BaseMessage], **more: Any) -> dict[str, Any]:
-        return {"spec": self.spec, "role": self.role, "method": method, "messages": messages_to_dict(messages), **more}
-
-    async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
-                       max_tokens: int | None = None, temperature: float | None = None,
-                       action_mode: ActionMode = "text") -> Completion:
-        request = self._request("complete", messages, tools=[t.model_dump(mode="json") for t in tools or ()],
-                                max_tokens=max_tokens, temperature=temperature,
-                                **({"action_mode": action_mode} if action_mode != "text" else {}))
-
-        def dump(c: Completion) -> str:
-            return json.dumps({"message": c.message.model_dump(mode="json"), "usage": c.usage.model_dump(mode="json"),
-                               "truncated": c.truncated})
-
-        def load(text: str) -> Completion:
-            data = json.loads(text)
-            return Completion(AIMessage.model_validate(data["message"]), UsageRecord.model_validate(data["usage"]), data["truncated"])
-
-        return await self._watched(journaled(request, lambda: self.model.complete(
-            messages, tools, max_tokens=max_tokens, temperature=temperature, action_mode=action_mode), dump, load))
-
-    async def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, UsageRecord]:
-        request = self._request("structured", messages, schema=schema.model_json_schema())
-
-        def dump(result: tuple[BaseModel, UsageRecord]) -> str:
-            return json.dumps({"value": result[0].model_dump(mode="json"), "usage": result[1].model_dump(mode="json")})
-
-        def load(text: str) -> tuple[BaseModel, UsageRecord]:
-            data = json.loads(text)
-            return schema.model_validate(data["value"]), UsageRecord.model_validate(data["usage"])
-
-        return await self._watched(journaled(request, lambda: self.model.structured(messages, schema), dump, load))
-
-    async def _watched(self, call: Coroutine[Any, Any, T]) -> T:
-        """`call`, counted against its endpoint: not made while the endpoint is down, a failure to reach it
-        counted, any answer (a bad one too) clearing the count."""
-        down = endpoint_down(self.spec)
-        if down:
-            call.close()
-            raise InfrastructureError("connection", f"not tried: {down}", self.spec)
-        try:
-            result = await call
-        except InfrastructureError as error:
-            if error.kind in UNREACHABLE:
-                _unreachable.setdefault(self.spec, []).append(f"{error.kind}: {error.detail}"[:300])
-            else:  # an endpoint that answers, if badly, is up
-                _unreachable.pop(self.spec, None)
-            raise
-        _unreachable.pop(self.spec, None)
-        return result
-
-
-def model_prices() -> dict[str, tuple[float, float, float]]:
-    """HERA_MODEL_PRICES: {"model": [usd_per_M_input, usd_per_M_output, usd_per_M_cached_input]}."""
-    raw = os.environ.get("HERA_MODEL_PRICES")
-    if not raw:
-        return {}
-    expected = 'HERA_MODEL_PRICES must be JSON {"model": [usd_per_M_input, usd_per_M_output, usd_per_M_cached_input]}'
-    try:
-        table = json.loads(raw)
-    except ValueError as error:
-        raise ValueError(f"{expected}; it is not JSON ({error})") from None
-    if not isinstance(table, dict):
-        raise ValueError(f"{expected}; got a {type(table).__name__}")
-    prices = {}
-    for model, price in table.items():
-        if not (isinstance(price, list) and len(price) == 3 and all(isinstance(p, (int, float)) for p in price)):
-            raise ValueError(f"{expected}; the entry for {model!r} is {price!r}")
-        prices[model] = (float(price[0]), float(price[1]), float(price[2]))
-    return prices
-
-
-def cost_usd(model: str, input_tokens: int, output_tokens: int, cached_tokens: int) -> float | None:
-    """Dollars for one call, or None when `model` (with or without its provider prefix) has no price."""
-    prices = model_prices()
-    price = prices.get(model) or prices.get(model.partition(":")[2])
-    if price is None:
-        return None
-    per_input, per_output, per_cached = price
-    return ((input_tokens - cached_tokens) * per_input + cached_tokens * per_cached + output_tokens * per_output) / 1e6
-
-
-def check_messages(messages: Sequence[BaseMessage]) -> None:
-    for index, message in enumerate(messages):
-        if not isinstance(message, (SystemMessage, HumanMessage, AIMessage, ToolMessage)):
-            raise TypeError(f"messages[{index}] is a {type(message).__name__}; "
-                            "expected SystemMessage, HumanMessage, AIMessage or ToolMessage")
 
 
 def openai_tool(tool: ToolInfo) -> dict[str, Any]:
@@ -385,7 +105,7 @@ def local_slot(role: str) -> int:
 _local_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
-async def _local_base_url() -> str:
+async def local_base_url() -> str:
     server = await asyncio.to_thread(local_server)
     return f"{server.base_url}/v1"
 
@@ -394,7 +114,7 @@ class OpenAICompatibleModel:
     """A `ChatModel` over an OpenAI-compatible chat completions endpoint.
 
     With `text_tools`, tools are described in the prompt and calls parsed from
-    the reply text (`roles.tool_calls`) instead of requested natively.
+    the reply text (`roles.models.tool_calls`) instead of requested natively.
     `base_url` may be a coroutine function, for an endpoint this process
     starts itself: `local`. Such an endpoint costs nothing and is reached
     without proxies; a lost connection asks for it again (which restarts a

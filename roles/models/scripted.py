@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterable, Literal, Union
 from langchain_core.messages import AIMessage, BaseMessage
 from pydantic import BaseModel, ValidationError
 
-from roles.models import Completion, InfrastructureError, check_messages, cost_usd
-from roles.tool_calls import ACTION_INSTRUCTION, ActionError, fold_history, number_calls, parse_action, parse_tool_calls, text_of
+from roles.models.base import Completion, InfrastructureError, check_messages, cost_usd
+from roles.models.tool_calls import ACTION_INSTRUCTION, ActionError, fold_history, number_calls, parse_action, parse_tool_calls, text_of
 from state.records import ToolInfo, UsageRecord
 
 Step = Union[AIMessage, str, dict, BaseModel, BaseException, Callable[..., Any]]
@@ -99,7 +99,7 @@ def clear(name: str | None = None) -> None:
 def _script(name: str) -> Script:
     if name not in _scripts:
         known = ", ".join(sorted(_scripts)) or "none"
-        raise ScriptError(f"no script registered as {name!r} (registered: {known}); call roles.scripted.register first")
+        raise ScriptError(f"no script registered as {name!r} (registered: {known}); call roles.models.scripted.register first")
     return _scripts[name]
 
 
