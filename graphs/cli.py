@@ -57,7 +57,7 @@ from graphs.report import (
 from harness.bundle import bundle_diff, load_bundle
 from state.context import Context
 from roles.models import chat_model, endpoint_down, endpoint_problem
-from roles.failure_analyst import failure_analyst, failure_records
+from roles.failure_analyst import analyse_failures, failure_records
 from state.evolution import Diagnosis, LineageEntry
 from state.ledger import Ledger, LedgerError
 from state.paths import RunPaths
@@ -752,7 +752,7 @@ def load_diagnosis(source: str, context: Context, catalog: str) -> Diagnosis:
     entries = {r.pair_id: load_entry(r.pair_id, catalog) for r in records}
     if any(e.pair.split != "train" for e in entries.values()):
         raise UsageError(f"run {source} holds validation or bench episodes; a diagnosis may only come from training pairs")
-    diagnosis, _ = asyncio.run(failure_analyst(failure_records(records, entries), len(records), context.analyst_model, context.model_timeout_s))
+    diagnosis, _ = asyncio.run(analyse_failures(failure_records(records, entries), len(records), context.analyst_model, context.model_timeout_s))
     return diagnosis
 
 

@@ -39,7 +39,7 @@ from graphs import runner
 from graphs.env_evolution import run_env_evolution
 from graphs.harness_evolution import run_harness_evolution
 from graphs.selection import GATE_LEVEL
-from roles.failure_analyst import failure_analyst, failure_records
+from roles.failure_analyst import analyse_failures, failure_records
 from state.context import Context
 from state.evolution import Diagnosis, LineageEntry
 from envs.catalog import split_pairs
@@ -185,7 +185,7 @@ async def diagnose(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
                                 on_episode=_progress)
     records = run.done
     entries = await asyncio.to_thread(lambda: {p: load_entry(p, ctx.catalog) for p in state["pool"]})
-    diagnosis, usage = await failure_analyst(failure_records(records, entries), len(records), ctx.analyst_model, ctx.model_timeout_s)
+    diagnosis, usage = await analyse_failures(failure_records(records, entries), len(records), ctx.analyst_model, ctx.model_timeout_s)
     return {"diagnosis": diagnosis, "usage": usage}
 
 

@@ -50,11 +50,11 @@ from graphs import runner
 from graphs.episode import run_task
 from harness.tool_sandbox import ToolSandboxError, check_task, check_tools, sandboxed_seeds
 from roles.models import KINDS, InfrastructureError
-from roles.environment_builder import environment_builder as build_database, more_names, more_rows
-from roles.task_proposer import describe_tools, task_proposer as propose_tasks
-from roles.task_reviewer import request_reviewer as review_request, task_reviewer as review_task
-from roles.task_writer import task_writer as write_request
-from roles.tool_coder import tool_coder as code_tools, tool_declarations as declare_tools
+from roles.environment_builder import build_database, more_names, more_rows
+from roles.task_proposer import describe_tools, propose_tasks
+from roles.task_reviewer import review_request, review_task
+from roles.task_writer import write_request
+from roles.tool_coder import code_tools, declare_tools
 from state.construction import DatabaseDraft, Decision, SolverAttempt, TaskDraft, ToolsDraft
 from state.context import Context
 from state.paths import RunPaths

@@ -26,11 +26,9 @@ from pathlib import Path
 from typing import Annotated, Callable, Literal
 
 import yaml
-from langchain_core.messages import HumanMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command, Send
-from pydantic import Field, create_model
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import Parent, load_parent
@@ -39,18 +37,17 @@ from envs.menu import Option, menu
 from envs.mutation import apply_mutation
 from envs.spec import SpecError, check_pair, shipped
 from graphs import runner
-from graphs.fdcr import diagnosis_text
 from harness.tool_sandbox import sandboxed_menu
-from prompts import render
-from roles.models import chat_model
-from roles.mutation_proposer import describe_parent, describe_task, menu_proposer as propose_from_menu, mutation_proposer as propose
-from roles.rescue_reviewer import rescue_reviewer as rescue_review
-from roles.semantic_reviewer import semantic_reviewer as semantic_review
+from roles.environment_designer import design_targets
+from roles.failure_analyst import diagnosis_text
+from roles.mutation_proposer import describe_parent, describe_task, propose_from_menu, propose_mutation
+from roles.rescue_reviewer import review_rescue
+from roles.semantic_reviewer import review_semantics
 from state.context import Context
 from state.evolution import Diagnosis, ProposalOutcome, ProposalTarget, Review
 from state.ledger import Ledger
 from state.paths import RunPaths
-from state.records import CATEGORIES, Mutation, PairSpec, Record, UsageRecord, merge
+from state.records import CATEGORIES, Mutation, PairSpec, UsageRecord, merge
 
 
 
@@ -112,7 +109,7 @@ async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> 
         update = {"tried": [option.id], "log": [f"round {round_}: chose {option.line()}"]}
     else:
         parent = state.get("parent") or await asyncio.to_thread(describe_parent, entry)
-        mutation, usage = await propose(parent, target.category, target.idea, state["weakness"], state.get("feedback", ""),
+        mutation, usage = await propose_mutation(parent, target.category, target.idea, state["weakness"], state.get("feedback", ""),
                                         ctx.proposer_model, ctx.model_timeout_s)
         mutation = mutation.model_copy(update={"category": target.category})
         shown, update = mutation.model_dump_json(indent=1), {}
@@ -129,7 +126,7 @@ async def mutation_proposer(state: ProposalState, runtime: Runtime[Context]) -> 
 async def semantic_reviewer(state: ProposalState, runtime: Runtime[Context]) -> dict:
     """Judges whether the mutation breaks the task for its stated reason; writes `verdicts`."""
     ctx = runtime.context
-    review, usage = await semantic_review(state["parent"], state["shown"], ctx.reviewer_model, ctx.model_timeout_s,
+    review, usage = await review_semantics(state["parent"], state["shown"], ctx.reviewer_model, ctx.model_timeout_s,
                                           derived=ctx.proposals == "menu")
     return {"verdicts": {"semantic": review}, "usage": [usage]}
 
@@ -139,7 +136,7 @@ async def rescue_reviewer(state: ProposalState, runtime: Runtime[Context]) -> di
     ctx, target = runtime.context, state["target"]
     entry = await asyncio.to_thread(_parent, target, ctx)
     mutated = (await asyncio.to_thread(apply_mutation, entry.env, state["mutation"])).env
-    review, usage = await rescue_review(state["parent"], state["mutation"], state["shown"], mutated, entry.task, ctx.reviewer_model,
+    review, usage = await review_rescue(state["parent"], state["mutation"], state["shown"], mutated, entry.task, ctx.reviewer_model,
                                         ctx.model_timeout_s)
     return {"verdicts": {"rescue": review}, "usage": usage}
 
@@ -234,13 +231,6 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def _plan_schema(parents: list[str]) -> type[Record]:
-    """The designer's response format, with parents and categories constrained to the allowed values."""
-    target = create_model("Target", __base__=Record, parent=(Literal[tuple(parents)], ...),  # type: ignore[valid-type]
-                          category=(Literal[tuple(CATEGORIES)], ...), idea=(str, Field(description="the change, in one sentence")))  # type: ignore[valid-type]
-    return create_model("DesignPlan", __base__=Record, targets=(list[target], ...))
-
-
 async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Context]) -> dict:
     """Chooses this round's proposal targets from the diagnosis; writes `targets`, `design_round`, `usage`."""
     ctx, parents, n = runtime.context, state["parents"], state["proposers"]
@@ -248,12 +238,9 @@ async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Contex
     weak = [g.category for g in state["diagnosis"].groups] or list(CATEGORIES)
     source = state.get("source", "")
     entries = await asyncio.to_thread(lambda: [load_parent(p, source or ctx.catalog) for p in parents])
-    summaries = "\n".join(f"- {e.id}: {e.env.description.strip().splitlines()[0]} Task: {e.task.instruction.strip()}" for e in entries)
-    prompt = render("environment_designer", diagnosis=diagnosis_text(state["diagnosis"]), parents=summaries, count=str(n),
-                    categories=", ".join(dict.fromkeys(weak + list(CATEGORIES))))
-    plan, usage = await chat_model(ctx.proposer_model, role="environment_designer", timeout_s=ctx.model_timeout_s).structured(
-        [HumanMessage(prompt)], _plan_schema(parents))
-    chosen = [(t.parent, t.category, t.idea) for t in plan.targets][:n]
+    summaries = {e.id: f"{e.env.description.strip().splitlines()[0]} Task: {e.task.instruction.strip()}" for e in entries}
+    chosen, usage = await design_targets(diagnosis_text(state["diagnosis"]), summaries, n, list(dict.fromkeys(weak + list(CATEGORIES))),
+                                 ctx.proposer_model, ctx.model_timeout_s)
     for i in range(len(chosen), n):  # a short plan is filled round-robin over parents and the diagnosed categories
         chosen.append((parents[i % len(parents)], weak[i % len(weak)], ""))
     if ctx.proposals == "menu":  # a category the parent's menu lacks becomes the first diagnosed (else listed) one it offers

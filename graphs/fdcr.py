@@ -8,27 +8,16 @@ moderator writes the spec straight from the diagnosis (ECDYSIS "w/o FDCR").
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Literal
+from typing import Annotated, Awaitable, Callable, Literal
 
-from langchain_core.messages import HumanMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
-from harness.components import catalog_text
-from prompts import render
-from roles.models import chat_model
+from roles import panel
 from state.context import Context
-from state.evolution import Diagnosis, ModificationSpec
-from state.records import Record, UsageRecord
-
-TURN_TOKENS = 400
-
-
-class Turn(Record):
-    role: Literal["analyst", "critic", "engineer"]
-    round: int
-    text: str
+from state.evolution import Diagnosis, ModificationSpec, Turn
+from state.records import UsageRecord
 
 
 class FdcrInput(TypedDict):
@@ -49,50 +38,31 @@ class FdcrState(FdcrInput, FdcrOutput, total=False):
     usage: Annotated[list[UsageRecord], operator.add]
 
 
-def diagnosis_text(diagnosis: Diagnosis) -> str:
-    lines = [f"{diagnosis.failures} failures in {diagnosis.episodes} episodes."]
-    for g in diagnosis.groups:
-        label = "recurring" if g.recurring else "single task"
-        lines.append(f"- [{label}, {len(g.pair_ids)} tasks] {g.kind.replace('_', ' ')} / {g.category.replace('_', ' ')}: "
-                     f"{g.cause} Evidence: {g.evidence}")
-    return "\n".join(lines)
-
-
-def transcript_text(turns: list[Turn]) -> str:
-    return "\n\n".join(f"[{t.role.title()}, round {t.round}] {t.text}" for t in turns) or "(nothing yet)"
-
-
-async def _speak(role: str, state: FdcrState, ctx: Context) -> dict:
-    transcript = state.get("transcript", [])
-    round_ = 1 + sum(t.role == "engineer" for t in transcript)
-    prompt = render(role, harness=state["harness"], diagnosis=diagnosis_text(state["diagnosis"]),
-                    transcript=transcript_text(transcript), round=str(round_), components=catalog_text())
-    done = await chat_model(ctx.analyst_model, role=role, timeout_s=ctx.model_timeout_s).complete([HumanMessage(prompt)], max_tokens=TURN_TOKENS)
-    return {"transcript": [Turn(role=role, round=round_, text=str(done.message.content).strip())], "usage": [done.usage]}
+async def _speak(speaker: Callable[..., Awaitable[tuple[Turn, UsageRecord]]], state: FdcrState, ctx: Context) -> dict:
+    turn, usage = await speaker(state["harness"], state["diagnosis"], state.get("transcript", []), ctx.analyst_model, ctx.model_timeout_s)
+    return {"transcript": [turn], "usage": [usage]}
 
 
 async def analyst(state: FdcrState, runtime: Runtime[Context]) -> dict:
     """Explains the recurring failures and proposes fixes; writes `transcript`, `usage`."""
-    return await _speak("analyst", state, runtime.context)
+    return await _speak(panel.analyst, state, runtime.context)
 
 
 async def critic(state: FdcrState, runtime: Runtime[Context]) -> dict:
     """Challenges the analyst for over-abstention, overfitting and gaps; writes `transcript`, `usage`."""
-    return await _speak("critic", state, runtime.context)
+    return await _speak(panel.critic, state, runtime.context)
 
 
 async def engineer(state: FdcrState, runtime: Runtime[Context]) -> dict:
     """Turns the agreed points into implementable changes; writes `transcript`, `usage`."""
-    return await _speak("engineer", state, runtime.context)
+    return await _speak(panel.engineer, state, runtime.context)
 
 
 async def moderator(state: FdcrState, runtime: Runtime[Context]) -> dict:
     """Writes the structured modification spec; writes `spec`, `usage`."""
     ctx = runtime.context
-    prompt = render("moderator", harness=state["harness"], diagnosis=diagnosis_text(state["diagnosis"]),
-                    transcript=transcript_text(state.get("transcript", [])), components=catalog_text())
-    spec, usage = await chat_model(ctx.analyst_model, role="moderator", timeout_s=ctx.model_timeout_s).structured(
-        [HumanMessage(prompt)], ModificationSpec)
+    spec, usage = await panel.moderator(state["harness"], state["diagnosis"], state.get("transcript", []), ctx.analyst_model,
+                                        ctx.model_timeout_s)
     return {"spec": spec, "usage": [usage]}
 
 

@@ -29,19 +29,18 @@ from langgraph.runtime import Runtime
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_entry
-from graphs import runner
+from graphs import fdcr, runner
 from graphs.episode import run_episode
-from graphs.fdcr import Turn, graph as fdcr_graph
 from graphs.metrics import fraction
 from graphs.selection import GATE_LEVEL, gate_warning, judge
 from harness.bundle import bundle_diff, load_bundle
 from harness.check import check_bundle, placeholder
 from harness.leakage import leaks
 from roles.models import scripted
-from roles.failure_analyst import failure_analyst as analyse, failure_records
-from roles.harness_optimizer import describe_bundle, failure_text, harness_optimizer as optimize, signature, spec_text, stage
+from roles.failure_analyst import analyse_failures, failure_records
+from roles.harness_optimizer import describe_bundle, failure_text, optimize_harness, signature, spec_text, stage
 from state.context import Context, EpisodeRequest
-from state.evolution import Diagnosis, FailureRecord, LineageEntry, ModificationSpec
+from state.evolution import Diagnosis, FailureRecord, LineageEntry, ModificationSpec, Turn
 from state.ledger import Ledger
 from state.paths import RunPaths
 from state.records import UsageRecord, merge
@@ -125,7 +124,7 @@ async def failure_analyst(state: HarnessEvolutionState, runtime: Runtime[Context
     """Diagnoses the parent's training failures; writes `diagnosis`, `harness`, `review`, `usage`."""
     parent = state["lineage"][state["parent"]]
     start = (time.time(), len(state.get("usage", [])))
-    diagnosis, usage = await analyse(state["failures"], state["episodes"], runtime.context.analyst_model, runtime.context.model_timeout_s)
+    diagnosis, usage = await analyse_failures(state["failures"], state["episodes"], runtime.context.analyst_model, runtime.context.model_timeout_s)
     # The n candidates of a block start from different failure groups: candidate i from the i-th (recurring first).
     k = state["index"] % len(diagnosis.groups) if diagnosis.groups else 0
     diagnosis = diagnosis.model_copy(update={"groups": diagnosis.groups[k:] + diagnosis.groups[:k]})
@@ -157,7 +156,7 @@ async def harness_optimizer(state: HarnessEvolutionState, runtime: Runtime[Conte
     notes, usage, problems = [], [], []
     for brief in briefs:
         harness = describe_bundle(load_bundle(staging))
-        more_notes, more_usage, problems = await optimize(staging, brief, harness, ctx.optimizer_model, state["channel"],
+        more_notes, more_usage, problems = await optimize_harness(staging, brief, harness, ctx.optimizer_model, state["channel"],
                                                           ctx.model_timeout_s, groups, taken)
         notes += more_notes
         usage += more_usage
@@ -277,7 +276,7 @@ def build_harness_evolution() -> StateGraph:
                          output_schema=HarnessEvolutionOutput)
     builder.add_node(baseline)
     builder.add_node(failure_analyst)
-    builder.add_node("fdcr", fdcr_graph)
+    builder.add_node("fdcr", fdcr.graph)
     builder.add_node(harness_optimizer)
     builder.add_node(bundle_checks)
     builder.add_node(candidate_evaluation)

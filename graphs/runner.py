@@ -47,7 +47,7 @@ SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
 ] + [("state.records", name) for name in ("Mutation", "StateOp", "ToolPatch", "Scope", "Evidence")
 ] + [("state.construction", name) for name in ("Decision", "SolverAttempt", "TaskDraft")
 ] + [("state.records", name) for name in ("ToolInfo", "AnswerCheck", "StateCheck", "CallPattern", "TaskSpec", "ReferenceSolution", "ToolCall")
-] + [("state.context", "EpisodeRequest"), ("graphs.metrics", "Metrics"), ("graphs.fdcr", "Turn")])
+] + [("state.context", "EpisodeRequest"), ("graphs.metrics", "Metrics"), ("state.evolution", "Turn")])
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ LETTERS = "ABCDEFGHIJKLMNOPRSTW"  # the initial letters of a round of new names:
 _TYPES: dict[str, Any] = {"text": str, "integer": int, "real": float, "boolean": bool, "json": str}
 
 
-async def environment_builder(theme: str, feedback: str, model: str, timeout_s: float = 1800.0) -> tuple[DatabaseDraft, UsageRecord]:
+async def build_database(theme: str, feedback: str, model: str, timeout_s: float = 1800.0) -> tuple[DatabaseDraft, UsageRecord]:
     prompt = render("environment_builder", theme=theme, feedback=feedback or "(first attempt)")
     return await chat_model(model, role="environment_builder", timeout_s=timeout_s).structured([HumanMessage(prompt)], DatabaseDraft)
 

@@ -102,7 +102,7 @@ def describe(members: list[FailureRecord]) -> str:
     return "\n\n".join(parts)
 
 
-async def failure_analyst(failures: list[FailureRecord], episodes: int, model: str, timeout_s: float = 1800.0) -> tuple[Diagnosis, list[UsageRecord]]:
+async def analyse_failures(failures: list[FailureRecord], episodes: int, model: str, timeout_s: float = 1800.0) -> tuple[Diagnosis, list[UsageRecord]]:
     """The typed diagnosis of `failures` out of `episodes` graded episodes, one model call per group."""
     llm = chat_model(model, role="failure_analyst", timeout_s=timeout_s)
     groups, usage = [], []
@@ -113,3 +113,13 @@ async def failure_analyst(failures: list[FailureRecord], episodes: int, model: s
         usage.append(used)
         groups.append(group.model_copy(update={"cause": cause.cause, "evidence": cause.evidence}))
     return Diagnosis(groups=tuple(groups), episodes=episodes, failures=len(failures)), usage
+
+
+def diagnosis_text(diagnosis: Diagnosis) -> str:
+    """A diagnosis as the roles that act on it read it: its failure groups, recurring ones marked."""
+    lines = [f"{diagnosis.failures} failures in {diagnosis.episodes} episodes."]
+    for g in diagnosis.groups:
+        label = "recurring" if g.recurring else "single task"
+        lines.append(f"- [{label}, {len(g.pair_ids)} tasks] {g.kind.replace('_', ' ')} / {g.category.replace('_', ' ')}: "
+                     f"{g.cause} Evidence: {g.evidence}")
+    return "\n".join(lines)

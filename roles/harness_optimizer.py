@@ -322,7 +322,7 @@ async def code_edit(staging: Path, brief: str, harness: str, model: str, timeout
     return notes, usage
 
 
-async def harness_optimizer(staging: Path, brief: str, harness: str, model: str, channel: Channel, timeout_s: float = 1800.0,
+async def optimize_harness(staging: Path, brief: str, harness: str, model: str, channel: Channel, timeout_s: float = 1800.0,
                             groups: list[str] = (), taken: tuple[str, ...] = ()) -> tuple[list[str], list[UsageRecord], list[str]]:
     """Edits the staging bundle from `brief` (a modification spec or one failure); notes, usage and the edit's
     problems (none when it was applied)."""

@@ -66,7 +66,7 @@ def describe_parent(entry: Parent) -> str:
             f"Task (feasible here): {task.instruction.strip()}\n\nReference solution:\n{calls}\nAnswer: {task.reference.answer}")
 
 
-async def mutation_proposer(parent: str, category: str, idea: str, weakness: str, feedback: str, model: str,
+async def propose_mutation(parent: str, category: str, idea: str, weakness: str, feedback: str, model: str,
                             timeout_s: float = 1800.0) -> tuple[Mutation, UsageRecord]:
     """One proposed mutation of the parent's environment."""
     prompt = render("mutation_proposer", parent=parent, category=category.replace("_", " "), idea=idea or "(your choice)",
@@ -92,7 +92,7 @@ def describe_task(entry: Parent) -> str:
             f"Answer: {task.reference.answer}")
 
 
-async def menu_proposer(task: str, options: list[Option], category: str, idea: str, weakness: str, feedback: str, model: str,
+async def propose_from_menu(task: str, options: list[Option], category: str, idea: str, weakness: str, feedback: str, model: str,
                         timeout_s: float = 1800.0) -> tuple[Option, Mutation, UsageRecord]:
     """One option chosen from the menu, described; its mutation carries the proposer's description and requirement."""
     prompt = render("menu_proposer", task=task, options="\n".join(o.line() for o in options), category=category.replace("_", " "),

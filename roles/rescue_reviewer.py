@@ -23,7 +23,7 @@ from state.records import EnvironmentSpec, Mutation, TaskSpec, UsageRecord
 SEARCH_CALLS = 500
 
 
-async def rescue_reviewer(parent: str, mutation: Mutation, shown: str, mutated: EnvironmentSpec, task: TaskSpec, model: str,
+async def review_rescue(parent: str, mutation: Mutation, shown: str, mutated: EnvironmentSpec, task: TaskSpec, model: str,
                           timeout_s: float = 1800.0) -> tuple[Review, list[UsageRecord]]:
     """`shown` is the proposal as the model reads it."""
     found = await asyncio.to_thread(rescue_search, mutated, task, mutation.witness, SEARCH_CALLS)

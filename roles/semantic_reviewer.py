@@ -11,7 +11,7 @@ from state.evolution import Feasibility, Review
 from state.records import UsageRecord
 
 
-async def semantic_reviewer(parent: str, mutation: str, model: str, timeout_s: float = 1800.0, *, derived: bool = False) -> tuple[Review, UsageRecord]:
+async def review_semantics(parent: str, mutation: str, model: str, timeout_s: float = 1800.0, *, derived: bool = False) -> tuple[Review, UsageRecord]:
     """`derived`: a menu choice, whose evidence and lack of rescue are already proven; only the semantic question is asked."""
     model_ = chat_model(model, role="semantic_reviewer", timeout_s=timeout_s)
     if not derived:

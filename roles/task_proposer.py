@@ -19,7 +19,7 @@ def describe_tools(tools: list[ToolInfo]) -> str:
                      f"params {json.dumps(t.input_schema.get('properties', {}))}" for t in tools)
 
 
-async def task_proposer(database: str, tools: list[ToolInfo], count: int, feedback: str, model: str,
+async def propose_tasks(database: str, tools: list[ToolInfo], count: int, feedback: str, model: str,
                         timeout_s: float = 1800.0) -> tuple[TaskDrafts, UsageRecord]:
     prompt = render("task_proposer", database=database, tools=describe_tools(tools), count=str(count), feedback=feedback or "(first attempt)")
     return await chat_model(model, role="task_proposer", timeout_s=timeout_s).structured([HumanMessage(prompt)], TaskDrafts)

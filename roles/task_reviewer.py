@@ -17,7 +17,7 @@ from state.evolution import Review
 from state.records import Record, UsageRecord
 
 
-async def task_reviewer(context: str, tools: str, task: str, model: str, timeout_s: float = 1800.0) -> tuple[Review, UsageRecord]:
+async def review_task(context: str, tools: str, task: str, model: str, timeout_s: float = 1800.0) -> tuple[Review, UsageRecord]:
     prompt = render("task_reviewer", context=context, tools=tools, task=task)
     return await chat_model(model, role="task_reviewer", timeout_s=timeout_s).structured([HumanMessage(prompt)], Review)
 
@@ -25,7 +25,7 @@ async def task_reviewer(context: str, tools: str, task: str, model: str, timeout
 NOTHING = "nothing of these"
 
 
-async def request_reviewer(context: str, request: str, actions: dict[str, str], done: set[str], values: list[str], told: set[str],
+async def review_request(context: str, request: str, actions: dict[str, str], done: set[str], values: list[str], told: set[str],
                            model: str, timeout_s: float = 1800.0) -> tuple[Review, UsageRecord]:
     """The review of a request made from a seed, whose records, details and rules hold by construction: the reviewer
     reads it as the assistant would and says, choosing from `actions` (write tool: what it does) and `values`, what it

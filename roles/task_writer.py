@@ -28,7 +28,7 @@ def describe_seed(seed: TaskSeed) -> dict[str, str]:
             "asked": " and ".join(f"the {c.name.replace('_', ' ')}" for c in seed.answer) or "that it is done"}
 
 
-async def task_writer(context: str, seed: TaskSeed, feedback: str, model: str, timeout_s: float = 1800.0) -> tuple[TaskRequest, UsageRecord]:
+async def write_request(context: str, seed: TaskSeed, feedback: str, model: str, timeout_s: float = 1800.0) -> tuple[TaskRequest, UsageRecord]:
     prompt = render("task_writer", context=context, feedback=feedback or "(first attempt)", **describe_seed(seed))
     return await chat_model(model, role="task_writer", timeout_s=timeout_s).structured([HumanMessage(prompt)], TaskRequest)
 

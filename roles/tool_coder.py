@@ -23,7 +23,7 @@ from state.records import Record, UsageRecord
 CODE_MAX_TOKENS = 3000
 
 
-async def tool_coder(database: str, starting: str, example: str, previous: str, feedback: str, model: str, timeout_s: float = 1800.0,
+async def code_tools(database: str, starting: str, example: str, previous: str, feedback: str, model: str, timeout_s: float = 1800.0,
                      temperature: float | None = None) -> tuple[str, UsageRecord]:
     """The functions to add to the starting module (the code of the reply's fenced block)."""
     prompt = render("tool_coder", database=database, starting=starting.rstrip(), example=example, previous=previous.rstrip() or "(none yet)",
@@ -55,7 +55,7 @@ def _shapes(code: str, names: list[str]) -> dict[str, tuple[bool, bool]]:
                 not any("write_tool" in ast.unparse(d) for d in functions[n].decorator_list)) for n in names}
 
 
-async def tool_declarations(database: str, code: str, names: list[str], tables: list[str], model: str,
+async def declare_tools(database: str, code: str, names: list[str], tables: list[str], model: str,
                             timeout_s: float = 1800.0) -> tuple[list[ToolDeclaration], UsageRecord]:
     """How each named tool of the module behaves: its result's schema, calls that succeed and calls it refuses."""
     prompt = render("tool_declarations", database=database, code=code.rstrip(), names=", ".join(names))

@@ -75,6 +75,14 @@ class Skill(Record):
     tip: str = Field(description="what the agent should do then")
 
 
+class Turn(Record):
+    """One speaker's turn in an FDCR review of a diagnosis."""
+
+    role: Literal["analyst", "critic", "engineer"]
+    round: int
+    text: str
+
+
 class ModificationSpec(Record):
     """The moderator's structured instruction to the coding agent."""
 

@@ -18,7 +18,7 @@ from harness.bundle import BUNDLES, bundle_diff, load_bundle
 from harness.check import check_bundle
 from harness.leakage import leaks
 from roles.models import scripted
-from roles.failure_analyst import MAX_CALLS, describe, failure_analyst, group_failures
+from roles.failure_analyst import MAX_CALLS, describe, analyse_failures, group_failures
 from harness.components import LIBRARY
 from roles.harness_optimizer import (
     EditError,
@@ -77,7 +77,7 @@ def test_groups_by_key_recurring_first():
 
 def test_analyst_names_each_group(context):
     scripted.register("analyst", [CAUSE, {**CAUSE, "cause": "Other."}])
-    diagnosis, usage = asyncio.run(failure_analyst([failure("p2", "t2"), failure("p3", "t3"), failure("p4", "t4", "turn_limit")],
+    diagnosis, usage = asyncio.run(analyse_failures([failure("p2", "t2"), failure("p3", "t3"), failure("p4", "t4", "turn_limit")],
                                                    6, "scripted:analyst"))
     scripted.assert_consumed()
     assert [g.cause for g in diagnosis.groups] == [CAUSE["cause"], "Other."]
