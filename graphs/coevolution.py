@@ -56,17 +56,10 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 # Its 6 validation pairs are the fewest with which the selection gate (a sign test at 0.05, which
 # needs 5 pairs all improving) can pass with one pair left unchanged: with fewer, selection could
 # only ever keep H0, and each pair more costs two episodes per harness scored. One refinement round
-# lets a proposal that a review or check rejects choose again with the reason in hand. `standard` is the
-# smallest protocol that shows co-evolution's dynamics there, sized at about 1.7 minutes an episode
-# (10-turn cap) to some three hours: 3 training pairs growing by a batch of 3 a round (a batch of 3 at
-# τ = 0.4 is admitted on 2 failures) for 2 rounds, one candidate a block on the same 6 validation
-# pairs, 6 bench pairs (one a theme, enough for a paired interval): about 45 episodes a round with the
-# roles' calls, and 12 on the bench.
+# lets a proposal that a review or check rejects choose again with the reason in hand.
 PRESETS: dict[str, dict] = {
     "quick": {"train": 2, "validation": 6, "bench": 1, "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
               "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": 10},
-    "standard": {"train": 3, "validation": 6, "bench": 6, "rounds": 2, "proposers": 3, "batch_size": 3, "budget": 1,
-                 "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": 10},
     "paper": {"train": 20, "validation": 15, "bench": None, "rounds": 6, "proposers": 5, "batch_size": 5, "budget": 2,
               "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": None},
 }
