@@ -7,9 +7,12 @@ resumable after a crash.
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 from typing import Callable
 
-from envs.catalog import split_pairs
+from pydantic import ValidationError
+
+from envs.catalog import load_entry, split_pairs
 from graphs import runner
 from graphs.construct import run_construct
 from graphs.coevolution import run_coevolution
@@ -17,12 +20,14 @@ from graphs.env_evolution import run_env_evolution
 from graphs.harness_evolution import run_harness_evolution
 from graphs.metrics import Metrics
 from graphs.runner import episode_event, new_run_id, recorded_run, tune_gc
-from state.context import Context
+from roles.failure_analyst import analyse_failures, failure_records
+from state.context import ConfigError, Context
+from state.evolution import Diagnosis
 from state.ledger import Ledger
 from state.paths import RunPaths
 from state.records import EpisodeRecord
 
-__all__ = ["build_environment", "checkpointed_runs", "episode_event", "evaluate", "evolve_envs", "evolve_harness", "new_run_id",
+__all__ = ["build_environment", "checkpointed_runs", "episode_event", "evaluate", "evolve_envs", "evolve_harness", "load_diagnosis", "new_run_id",
            "recorded_run", "run_coevolution", "split_pairs", "tune_gc", "unrecorded_note"]
 
 evolve_harness = run_harness_evolution  # one harness-evolution block: (run id, final state with lineage and selected)
@@ -73,3 +78,23 @@ def unrecorded_note(ledger: Ledger) -> str | None:
     shown = ", ".join(ids[:5]) + (", …" if len(ids) > 5 else "")
     return (f"the ledger {ledger.path} holds no runs, but {RunPaths.here().checkpoints} holds checkpoints of {len(ids)} evaluation "
             f"run(s) ({shown}): if they were recorded in this ledger, it was emptied or replaced; restore it from a backup")
+
+
+async def load_diagnosis(source: str, context: Context) -> Diagnosis:
+    """A diagnosis from a JSON file, or made by the failure analyst from an evaluation run's (training) episodes."""
+    path = Path(source)
+    if path.is_file():
+        try:
+            return Diagnosis.model_validate_json(path.read_text())
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise ConfigError(f"{path}: {'.'.join(map(str, err['loc'])) or '(root)'}: {err['msg']} (expected a Diagnosis JSON)") from None
+    ledger = Ledger(context.ledger)
+    if ledger.run(source) is None:
+        raise ConfigError(f"--diagnosis {source!r}: neither a file nor a run in the ledger (see `hera runs list`)")
+    records = [r for r in ledger.episodes(source) if r.status == "done"]
+    entries = {r.pair_id: load_entry(r.pair_id, context.catalog) for r in records}
+    if any(e.pair.split != "train" for e in entries.values()):
+        raise ConfigError(f"run {source} holds validation or bench episodes; a diagnosis may only come from training pairs")
+    diagnosis, _ = await analyse_failures(failure_records(records, entries), len(records), context.analyst_model, context.model_timeout_s)
+    return diagnosis

@@ -17,7 +17,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
@@ -27,6 +26,8 @@ from rich.tree import Tree
 
 from envs.catalog import CATALOG, Entry, catalog_problems, load_catalog, load_entry, public_text_findings, task_ids
 from envs.certify import certify
+from graphs.certify import certify_pairs
+from graphs.serve import CONFIG, STUDIO, supervise
 from envs.importer import import_suite
 from envs.mcp_server import serve_stdio, side_environment
 from envs.mutation import apply_mutation
@@ -55,10 +56,9 @@ from graphs.report import (
     write_report,
 )
 from harness.bundle import bundle_diff, load_bundle
-from state.context import Context
+from state.context import ConfigError, Context
 from roles.models import chat_model, endpoint_down, endpoint_problem
-from roles.failure_analyst import analyse_failures, failure_records
-from state.evolution import Diagnosis, LineageEntry
+from state.evolution import LineageEntry
 from state.ledger import Ledger, LedgerError
 from state.paths import RunPaths
 from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
@@ -72,8 +72,25 @@ def say(markup: str) -> None:
     console.print(markup, soft_wrap=True)
 
 
-class UsageError(Exception):
-    pass
+ROLE_MODELS = ("judge_model", "analyst_model", "optimizer_model", "proposer_model", "reviewer_model", "builder_model", "task_model",
+               "solver_model")
+
+
+def context_from(args: argparse.Namespace, **given) -> Context:
+    """A command's run settings: the agent's model --model, every other role's its own flag where the command has
+    one, else --model; the other settings the command takes (catalog, ledger, turn cap, retries, ...) as given."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Context) if getattr(args, f.name, None) is not None}
+    if getattr(args, "model", None):
+        values |= {"agent_model": args.model} | {role: getattr(args, role, None) or args.model for role in ROLE_MODELS}
+    if getattr(args, "retries", None) is not None:
+        values["max_infra_retries"] = args.retries
+    return Context(**values | given)
+
+
+def mark(episode: EpisodeRecord | dict) -> str:
+    """An episode's mark in a progress line: ✓ succeeded, ✗ failed, ! not scored (an infrastructure error)."""
+    event = api.episode_event(episode) if isinstance(episode, EpisodeRecord) else episode
+    return "✓" if event["success"] else ("!" if event["status"] != "done" else "✗")
 
 
 def counted(minimum: int):
@@ -157,7 +174,7 @@ def reachable(*options: tuple[str, str | None]) -> None:
             asked.add(spec)
             problem = endpoint_problem(spec)
             if problem:
-                raise UsageError(f"{option} {spec}: {problem}; nothing was run")
+                raise ConfigError(f"{option} {spec}: {problem}; nothing was run")
 
 
 def role_specs(args: argparse.Namespace, *roles: str) -> list[tuple[str, str]]:
@@ -191,7 +208,7 @@ def _entry(args: argparse.Namespace, pair_id: str) -> Entry:
     try:
         return load_entry(pair_id, args.catalog)
     except KeyError:
-        raise UsageError(f"unknown pair {pair_id!r} in catalog {args.catalog} (see `hera envs list --catalog {args.catalog}`)") from None
+        raise ConfigError(f"unknown pair {pair_id!r} in catalog {args.catalog} (see `hera envs list --catalog {args.catalog}`)") from None
 
 
 def builtin_catalog(catalog: str | Path) -> bool:
@@ -283,23 +300,19 @@ def _cert_table(certs: list[Certification]) -> Table:
 
 def envs_certify(args: argparse.Namespace) -> int:
     if not args.all and not args.pairs:
-        raise UsageError("name pairs to certify, or --all")
+        raise ConfigError("name pairs to certify, or --all")
     errors: list[SpecError] = []
     if args.all:
         entries = _entries(args, errors)
         chosen = list(entries.values())
     else:
         chosen = [_entry(args, pair_id) for pair_id in args.pairs]
-    ledger = Ledger(args.ledger)
-    certs = []
     with progress(console, transient=True) as bars:
         task = bars.add_task("certifying", total=len(chosen))
-        for entry in chosen:
-            bars.update(task, description=f"certifying · {entry.pair.id}")
-            cert = certify(entry.pair, entry.env, args.rescue_budget)
-            ledger.record_certification(cert)
-            certs.append(cert)
-            bars.advance(task)
+        result = asyncio.run(certify_pairs([e.pair.id for e in chosen], context_from(args), rescue_budget=args.rescue_budget,
+                                           on_pair=lambda cert: bars.update(task, advance=1, description=f"certifying · {cert.pair_id}"))
+                             ) if chosen else {"certifications": {}}
+    certs = [result["certifications"][e.pair.id] for e in chosen]  # recorded in the ledger by the graph
     if args.all:
         problems = [str(e) for e in errors] + catalog_problems(entries, quotas=args.quotas or builtin_catalog(args.catalog))
     else:  # the named pairs' values must not show in their environment's public text either
@@ -346,7 +359,7 @@ def envs_serve(args: argparse.Namespace) -> int:
     try:
         env = side_environment(args.pair, args.side, args.catalog)
     except KeyError as exc:
-        raise UsageError(str(exc.args[0])) from None
+        raise ConfigError(str(exc.args[0])) from None
     asyncio.run(serve_stdio(env))
     return 0
 
@@ -354,10 +367,8 @@ def envs_serve(args: argparse.Namespace) -> int:
 def envs_build(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not args.run_id and out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out}: not empty; give a new or empty directory (or --run-id to resume)")
-    context = Context(builder_model=args.builder_model or args.model, task_model=args.task_model or args.model,
-                      solver_model=args.solver_model or args.model, solver_harness=args.solver_harness, task_proposals=args.task_proposals,
-                      proposer_model=args.proposer_model or args.model, reviewer_model=args.reviewer_model or args.model, ledger=args.ledger)
+        raise ConfigError(f"--out {out}: not empty; give a new or empty directory (or --run-id to resume)")
+    context = context_from(args)
     reachable(*role_specs(args, "builder_model", "task_model", "solver_model", "proposer_model", "reviewer_model"))
     steps: dict[str, float] = {}
     last = [time.monotonic()]
@@ -407,7 +418,7 @@ def envs_build(args: argparse.Namespace) -> int:
 def envs_import(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out}: not empty; give a new or empty directory")
+        raise ConfigError(f"--out {out}: not empty; give a new or empty directory")
     report = import_suite(args.src, out, env_id=args.id, description=args.description)
     env = load_environment(out)
     report.notes += [str(f) for f in public_text_findings(env)]
@@ -464,7 +475,7 @@ def _note_unrecorded(ledger: Ledger) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     catalog = args.catalog
-    recorded = api.recorded_run(args.run_id, Context(ledger=args.ledger)) if args.run_id else None
+    recorded = api.recorded_run(args.run_id, context_from(args)) if args.run_id else None
     if recorded:  # resuming: what the run evaluated, unless given again
         args.pairs = args.pairs or recorded["pair_ids"]
         args.harness = args.harness or recorded["bundle"]
@@ -475,33 +486,28 @@ def run_eval(args: argparse.Namespace) -> int:
         try:  # read back from the ledger, not parsed: its credentials may be gone
             model_spec(spec or args.model)
         except argparse.ArgumentTypeError as exc:
-            raise UsageError(f"{option} {spec} (run {args.run_id}'s): {exc}") from None
+            raise ConfigError(f"{option} {spec} (run {args.run_id}'s): {exc}") from None
     pair_ids = args.pairs or split_pairs(args.split, catalog)
     if args.limit:
         pair_ids = pair_ids[: args.limit]
     if not pair_ids:
-        raise UsageError(f"no pairs in split {args.split!r}")
+        raise ConfigError(f"no pairs in split {args.split!r}")
     for pair_id in pair_ids:
         _entry(args, pair_id)
     judge = args.judge_model or args.model
     reachable(("--model", args.model), ("--judge-model", args.judge_model))
     _note_unrecorded(Ledger(args.ledger))
-    context = Context(agent_model=args.model, judge_model=judge, catalog=catalog,
-                      ledger=args.ledger, max_infra_retries=args.retries, max_turns=args.max_turns)
+    context = context_from(args)
     total = 2 * len(pair_ids) * args.trials
     args.run_id = announce(args)
     with progress(console) as bars:
         bar = bars.add_task(f"{args.harness} × {args.model}", total=total)
 
         def advance(record: EpisodeRecord) -> None:
-            mark = "✓" if record.grade and record.grade.success else ("!" if record.status != "done" else "✗")
-            bars.update(bar, advance=1, description=f"{args.harness} × {args.model} · {record.pair_id}/{record.key.side} {mark}")
+            bars.update(bar, advance=1, description=f"{args.harness} × {args.model} · {record.pair_id}/{record.key.side} {mark(record)}")
 
-        try:
-            run_id, metrics = asyncio.run(api.evaluate(args.harness, pair_ids, context, trials=args.trials, seed=args.seed,
-                                                       concurrency=args.concurrency, run_id=args.run_id, on_episode=advance))
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        run_id, metrics = asyncio.run(api.evaluate(args.harness, pair_ids, context, trials=args.trials, seed=args.seed,
+                                                   concurrency=args.concurrency, run_id=args.run_id, on_episode=advance))
     if args.json:
         print(json.dumps({"run_id": run_id, "metrics": metrics.model_dump()}, indent=1))
     else:
@@ -556,7 +562,7 @@ def runs_show(args: argparse.Namespace) -> int:
         raise LedgerError(f"run {args.run_id} has checkpoints in {RunPaths.here().checkpoints} but no row in the ledger {ledger.path}: "
                           "the ledger was emptied or replaced; restore it from a backup")
     if run is None:
-        raise UsageError(f"unknown run {args.run_id!r} (see `hera runs list`)")
+        raise ConfigError(f"unknown run {args.run_id!r} (see `hera runs list`)")
     episodes = ledger.episodes(args.run_id)
     unfinished = _unfinished(ledger, args.run_id)
     if args.json:
@@ -599,7 +605,7 @@ def runs_compare(args: argparse.Namespace) -> int:
     scored = {}
     for run_id in (args.before, args.after):
         if ledger.run(run_id) is None:
-            raise UsageError(f"unknown run {run_id!r} (see `hera runs list`)")
+            raise ConfigError(f"unknown run {run_id!r} (see `hera runs list`)")
         scored[run_id] = evaluation(ledger, run_id)
     (a, _), (b, _) = scored[args.before], scored[args.after]
     diff = paired_difference(a, b)
@@ -643,7 +649,7 @@ def episode_show(args: argparse.Namespace) -> int:
     ledger = Ledger(args.ledger)
     record = ledger.episode(args.episode)
     if record is None:
-        raise UsageError(f"unknown episode {args.episode!r} (see `hera runs show RUN`)")
+        raise ConfigError(f"unknown episode {args.episode!r} (see `hera runs show RUN`)")
     twin = next((e for e in ledger.episodes() if e.pair_id == record.pair_id and e.key.trial == record.key.trial
                  and e.key.harness_hash == record.key.harness_hash and e.key.model == record.key.model
                  and e.key.side != record.key.side), None)
@@ -691,14 +697,12 @@ def evolve_harness(args: argparse.Namespace) -> int:
     pool = args.pool_pairs or split_pairs(args.pool, args.catalog)[: args.pool_size]
     validation = args.val_pairs or split_pairs(args.val, args.catalog)[: args.val_size]
     if not pool or not validation:
-        raise UsageError("the training pool and the validation set both need pairs")
+        raise ConfigError("the training pool and the validation set both need pairs")
     if set(pool) & set(validation):
-        raise UsageError(f"pairs in both the pool and the validation set: {sorted(set(pool) & set(validation))}")
+        raise ConfigError(f"pairs in both the pool and the validation set: {sorted(set(pool) & set(validation))}")
     for pair_id in pool + validation:
         _entry(args, pair_id)
-    context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.analyst_model or args.model,
-                      optimizer_model=args.optimizer_model or args.model, catalog=args.catalog, ledger=args.ledger,
-                      max_turns=args.max_turns)
+    context = context_from(args)
     reachable(("--model", args.model), *role_specs(args, "judge_model", "analyst_model", "optimizer_model"))
     per_eval = 2 * (len(pool) + len(validation))
     warning = gate_warning(len(validation) if args.rule == "hera" else len(pool), args.gate_level,
@@ -711,8 +715,7 @@ def evolve_harness(args: argparse.Namespace) -> int:
 
         def on_event(node: str, value: dict) -> None:
             if node == "episode":
-                mark = "✓" if value["success"] else ("!" if value["status"] != "done" else "✗")
-                bars.update(bar, advance=1, description=f"evaluating {value['bundle']} · {value['episode']}/{value['side']} {mark}")
+                bars.update(bar, advance=1, description=f"evaluating {value['bundle']} · {value['episode']}/{value['side']} {mark(value)}")
             elif node == "bundle_checks":
                 for entry in value.get("lineage", {}).values():
                     if entry.problems:
@@ -721,12 +724,9 @@ def evolve_harness(args: argparse.Namespace) -> int:
             elif node in ("failure_analyst", "fdcr", "harness_optimizer"):
                 bars.update(bar, description=f"{node} done")
 
-        try:
-            run_id, final = asyncio.run(api.evolve_harness(
-                args.base, pool, validation, context, candidates=args.candidates, mode=args.mode, channel=args.channel,
-                rounds=args.rounds, rule=args.rule, gate_level=args.gate_level, run_id=args.run_id, on_event=on_event))
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        run_id, final = asyncio.run(api.evolve_harness(
+            args.base, pool, validation, context, candidates=args.candidates, mode=args.mode, channel=args.channel,
+            rounds=args.rounds, rule=args.rule, gate_level=args.gate_level, run_id=args.run_id, on_event=on_event))
     lineage = list(final.get("lineage", {}).values())
     if args.json:
         print(json.dumps({"run_id": run_id, "selected": final.get("selected"), "lineage": [e.model_dump() for e in lineage]}, indent=1, default=str))
@@ -736,46 +736,24 @@ def evolve_harness(args: argparse.Namespace) -> int:
     return 0 if final.get("selected") else 1
 
 
-def load_diagnosis(source: str, context: Context, catalog: str) -> Diagnosis:
-    """A diagnosis from a JSON file, or made by the failure analyst from an evaluation run's episodes."""
-    path = Path(source)
-    if path.is_file():
-        try:
-            return Diagnosis.model_validate_json(path.read_text())
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            raise UsageError(f"{path}: {'.'.join(map(str, err['loc'])) or '(root)'}: {err['msg']} (expected a Diagnosis JSON)") from None
-    ledger = Ledger(context.ledger)
-    if ledger.run(source) is None:
-        raise UsageError(f"--diagnosis {source!r}: neither a file nor a run in the ledger (see `hera runs list`)")
-    records = [r for r in ledger.episodes(source) if r.status == "done"]
-    entries = {r.pair_id: load_entry(r.pair_id, catalog) for r in records}
-    if any(e.pair.split != "train" for e in entries.values()):
-        raise UsageError(f"run {source} holds validation or bench episodes; a diagnosis may only come from training pairs")
-    diagnosis, _ = asyncio.run(analyse_failures(failure_records(records, entries), len(records), context.analyst_model, context.model_timeout_s))
-    return diagnosis
-
-
 def evolve_envs(args: argparse.Namespace) -> int:
     source = str(args.from_env or "")
     if source:  # a built environment's kept tasks are the parents
         known = task_ids(source)
         if not known:
-            raise UsageError(f"--from-env {source}: no tasks in {Path(source) / 'tasks'}; build the environment first (hera envs build)")
+            raise ConfigError(f"--from-env {source}: no tasks in {Path(source) / 'tasks'}; build the environment first (hera envs build)")
         parents = args.parents or known
         unknown = sorted(set(parents) - set(known))
         if unknown:
-            raise UsageError(f"--parents: {', '.join(unknown)} not a task of {source} ({', '.join(known)})")
+            raise ConfigError(f"--parents: {', '.join(unknown)} not a task of {source} ({', '.join(known)})")
     else:
         parents = args.parents or split_pairs("train", args.catalog)[: args.pool_size]
         for pair_id in parents:
             if _entry(args, pair_id).pair.split != "train":
-                raise UsageError(f"{pair_id} is not a training pair; only training pairs may be parents")
-    context = Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
-                      proposer_model=args.proposer_model or args.model, reviewer_model=args.reviewer_model or args.model,
-                      proposals=args.proposals, catalog=args.catalog, ledger=args.ledger, max_turns=args.max_turns)
+                raise ConfigError(f"{pair_id} is not a training pair; only training pairs may be parents")
+    context = context_from(args)
     reachable(("--model", args.model), *role_specs(args, "judge_model", "proposer_model", "reviewer_model"))
-    diagnosis = load_diagnosis(args.diagnosis, context, args.catalog)
+    diagnosis = asyncio.run(api.load_diagnosis(args.diagnosis, context))
     args.run_id = announce(args)
     with progress(console, bar=False) as bars:
         task = bars.add_task("designing proposals")
@@ -857,7 +835,7 @@ def diff_bundles(args: argparse.Namespace) -> int:
     try:
         diff = bundle_diff(bundle_ref(args.ledger, args.a), bundle_ref(args.ledger, args.b))
     except SpecError as exc:
-        raise UsageError(str(exc)) from None
+        raise ConfigError(str(exc)) from None
     print(diff, end="")
     return 0
 
@@ -872,7 +850,7 @@ def report_run(args: argparse.Namespace) -> int:
     try:
         built = build_report(ledger, args.run_id)
     except KeyError:
-        raise UsageError(f"unknown run {args.run_id!r}: {ledger.path} holds no evaluation, harness-evolution, "
+        raise ConfigError(f"unknown run {args.run_id!r}: {ledger.path} holds no evaluation, harness-evolution, "
                          "environment-evolution or co-evolution run of that id (see `hera runs list`, `hera lineage`)") from None
     paths = write_report(built, Path(args.out) if args.out else RunPaths.here().report(args.run_id))
     if args.json:
@@ -890,7 +868,7 @@ def transfer(args: argparse.Namespace) -> int:
     if args.limit:
         pair_ids = pair_ids[: args.limit]
     if not pair_ids:
-        raise UsageError(f"no pairs in split {args.split!r}")
+        raise ConfigError(f"no pairs in split {args.split!r}")
     for pair_id in pair_ids:
         _entry(args, pair_id)
     judge = args.judge_model or models[0]
@@ -901,17 +879,13 @@ def transfer(args: argparse.Namespace) -> int:
     with progress(console) as bars:
         bar = bars.add_task(f"{harness.id} across {len(models)} models", total=2 * len(pair_ids) * args.trials * len(models))
         for model in models:
-            context = Context(agent_model=model, judge_model=judge, catalog=args.catalog, ledger=args.ledger, max_infra_retries=args.retries)
+            context = context_from(args, agent_model=model, judge_model=judge)
 
             def advance(record: EpisodeRecord, model: str = model) -> None:
-                mark = "✓" if record.grade and record.grade.success else ("!" if record.status != "done" else "✗")
-                bars.update(bar, advance=1, description=f"{harness.id} × {model} · {record.pair_id}/{record.key.side} {mark}")
+                bars.update(bar, advance=1, description=f"{harness.id} × {model} · {record.pair_id}/{record.key.side} {mark(record)}")
 
-            try:
-                run_id, metrics = asyncio.run(api.evaluate(bundle, pair_ids, context, trials=args.trials, seed=args.seed,
-                                                           concurrency=args.concurrency, on_episode=advance))
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
+            run_id, metrics = asyncio.run(api.evaluate(bundle, pair_ids, context, trials=args.trials, seed=args.seed,
+                                                       concurrency=args.concurrency, on_episode=advance))
             stop_note(f"hera eval --run-id {run_id} --model {model} --judge-model {judge}", model, judge)
             results.append((model, run_id, metrics))
     built = transfer_report(Ledger(args.ledger), harness.id, judge, len(pair_ids), args.trials, results)
@@ -959,7 +933,7 @@ def _protocol(args: argparse.Namespace) -> tuple[dict, dict[str, list[str]]]:
     settings = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if k in PRESETS["paper"] and v is not None}}
     pairs = {split: split_pairs(split, args.catalog)[: settings.pop(split)] for split in ("train", "validation", "bench")}
     if not pairs["train"] or not pairs["validation"]:
-        raise UsageError("the catalog needs training and validation pairs")
+        raise ConfigError("the catalog needs training and validation pairs")
     return settings, pairs
 
 
@@ -972,8 +946,7 @@ def _method(name: str, args: argparse.Namespace, settings: dict, pairs: dict[str
 
     def on_episode(event: dict) -> None:
         episodes["done"] += 1
-        mark = "✓" if event["success"] else ("!" if event["status"] != "done" else "✗")
-        bars.update(bar, description=f"{name}: {stage[0]} · episode {episodes['done']}: {event['episode']}/{event['side']} {mark}")
+        bars.update(bar, description=f"{name}: {stage[0]} · episode {episodes['done']}: {event['episode']}/{event['side']} {mark(event)}")
 
     stage = ["scoring" if "static" in config else "setup"]
     run_id = f"{args.run_id}-{name}" if args.run_id and args.command == "compare" else args.run_id
@@ -1003,9 +976,7 @@ def _method(name: str, args: argparse.Namespace, settings: dict, pairs: dict[str
 
 def _method_context(args: argparse.Namespace, settings: dict) -> Context:
     reachable(("--model", args.model), ("--judge-model", args.judge_model))
-    return Context(agent_model=args.model, judge_model=args.judge_model or args.model, analyst_model=args.model,
-                   optimizer_model=args.model, proposer_model=args.model, reviewer_model=args.model, proposals=args.proposals,
-                   catalog=args.catalog, ledger=args.ledger, max_turns=settings.pop("max_turns"))
+    return context_from(args, max_turns=settings.pop("max_turns"))
 
 
 def _gate_note(settings: dict, pairs: dict[str, list[str]]) -> None:
@@ -1038,7 +1009,7 @@ def coevolve(args: argparse.Namespace) -> int:
 def compare(args: argparse.Namespace) -> int:
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
-        raise UsageError(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
+        raise ConfigError(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
     settings, pairs = _protocol(args)
     context = _method_context(args, settings)
     _gate_note(settings, pairs)
@@ -1084,98 +1055,22 @@ def _add_coevolution_parsers(top) -> None:
     cmp.set_defaults(run=compare)
 
 
-# `hera serve`: LangGraph Studio and the LangGraph API through `langgraph dev`.
-# Its stdlib imports are local to the functions: no other command needs them.
-STUDIO = "https://smith.langchain.com/studio/?baseUrl="
-PROJECT = Path(__file__).resolve().parent.parent
-
-
-def serve_command(port: int, config: Path, reload: bool = True) -> tuple[list[str], dict[str, str]]:
-    """The `langgraph dev` command and environment that serve the graphs of
-    `config` on 127.0.0.1 with the CLI's analytics and the server's version
-    check off, so the server makes no outbound calls."""
-    import os
-
-    argv = [sys.executable, "-m", "langgraph_cli", "dev", "--config", str(config),
-            "--host", "127.0.0.1", "--port", str(port), "--no-browser"]
-    if not reload:
-        argv.append("--no-reload")
-    env = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGGRAPH_NO_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1"}
-    return argv, env
-
-
-def announced_url(line: str) -> str | None:
-    """The API URL in a line of `langgraph dev`'s banner: the port it really
-    bound, since it takes a free one when the requested port is busy."""
-    import re
-
-    found = re.search(r"API:\s*(http://\S+)", re.sub(r"\x1b\[[0-9;]*m", "", line))
-    return found.group(1) if found else None
-
-
-def server_ready(url: str, timeout_s: float) -> bool:
-    """Whether the server at `url` answers `/ok` within `timeout_s`."""
-    import time
-    import urllib.request
-
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with opener.open(f"{url}/ok", timeout=2) as response:
-                if response.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.25)
-    return False
-
-
 def serve(args: argparse.Namespace) -> int:
     """Runs `langgraph dev` on the project's langgraph.json until it exits or Ctrl-C."""
     import importlib.util
-    import subprocess
-    import threading
     import webbrowser
 
-    config = PROJECT / "langgraph.json"
-    if not config.is_file():
-        raise UsageError(f"{config} not found: `hera serve` runs from a source checkout (pip install -e '.[dev]')")
+    if not CONFIG.is_file():
+        raise ConfigError(f"{CONFIG} not found: `hera serve` runs from a source checkout (pip install -e '.[dev]')")
     if importlib.util.find_spec("langgraph_api") is None:
-        raise UsageError("`hera serve` needs langgraph-cli[inmem]: pip install -e '.[dev]'")
-    argv, env = serve_command(args.port, config)
-    # The graph paths in langgraph.json are relative to the working directory,
-    # where the dev server also keeps its threads (.langgraph_api/).
-    child = subprocess.Popen(argv, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, encoding="utf-8", errors="replace")
+        raise ConfigError("`hera serve` needs langgraph-cli[inmem]: pip install -e '.[dev]'")
 
-    def announce(url: str) -> None:
-        if not server_ready(url, 300):
-            return
-        console.print(Panel(f"Studio  {STUDIO}{url}\nAPI     {url}  (docs {url}/docs)\nCtrl-C stops the server.",
-                            title="hera serve"))
+    def ready(url: str) -> None:
+        console.print(Panel(f"Studio  {STUDIO}{url}\nAPI     {url}  (docs {url}/docs)\nCtrl-C stops the server.", title="hera serve"))
         if not args.no_browser:
             webbrowser.open(f"{STUDIO}{url}")
 
-    url = None
-    try:
-        for line in child.stdout:
-            sys.stderr.write(line)
-            if url is None and (url := announced_url(line)):
-                threading.Thread(target=announce, args=(url,), daemon=True).start()
-        code = child.wait()
-    except KeyboardInterrupt:
-        # A terminal's Ctrl-C reaches the server too; a SIGINT sent to `hera` alone does not.
-        for stop, grace in ((None, 5), (child.terminate, 15), (child.kill, None)):
-            if stop:
-                stop()
-            try:
-                child.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-        return 0
-    return 0 if code == 0 else 1
+    return supervise(args.port, ready)
 
 
 def add_serve(top: argparse._SubParsersAction) -> None:
@@ -1329,7 +1224,7 @@ def main(argv: list[str] | None = None) -> int:
         api.tune_gc()
     try:
         return args.run(args)
-    except (UsageError, SpecError, LedgerError) as exc:
+    except (ConfigError, SpecError, LedgerError) as exc:
         say(f"[red]error:[/] {escape(str(exc))}")
         return 2
 

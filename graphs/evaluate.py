@@ -36,7 +36,7 @@ from harness.bundle import load_bundle
 from harness.check import check_bundle
 from roles.abstention_judge import abstention_judge
 from roles.models import InfrastructureError, endpoint_down
-from state.context import Context, EpisodeRequest
+from state.context import ConfigError, Context, EpisodeRequest
 from state.ledger import Ledger, held
 from state.records import EpisodeKey, EpisodeRecord, Grade, capped, merge
 
@@ -72,7 +72,7 @@ async def planner(state: EvaluateState, runtime: Runtime[Context]) -> dict:
     """Rejects a bundle whose hooks fail the sandboxed check, or unknown pairs; records the run."""
     problems = await asyncio.to_thread(_check, state["bundle"])
     if problems:
-        raise ValueError("the bundle fails its checks: " + "; ".join(problems))
+        raise ConfigError("the bundle fails its checks: " + "; ".join(problems))
     catalog = runtime.context.catalog
     entries = {p: await asyncio.to_thread(load_entry, p, catalog) for p in state["pair_ids"]}
     envs = {p: e.env.id for p, e in entries.items()}

@@ -31,7 +31,7 @@ from graphs import evaluate as evaluate_graph
 from graphs.metrics import Metrics
 from harness.bundle import load_bundle
 from roles.models import reset_endpoints
-from state.context import Context
+from state.context import ConfigError, Context
 from state.ledger import Ledger, LedgerError, held
 from state.paths import RunPaths
 from state.records import EpisodeRecord
@@ -144,7 +144,7 @@ async def evaluate(
         owner = uuid.uuid4().hex
         holder = await asyncio.to_thread(ledger.claim_run, run_id, owner)
         if holder is not None:
-            raise ValueError(f"run {run_id} is being evaluated by pid {holder['pid']} on {holder['host']} since "
+            raise ConfigError(f"run {run_id} is being evaluated by pid {holder['pid']} on {holder['host']} since "
                              f"{holder['started_at']} (a claim in {ledger.path}); wait for it, or stop it and resume")
         async with held(ledger, f"run:{run_id}", owner):
             payload = None if previous.tasks else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials,
@@ -173,7 +173,7 @@ def _check_request(pair_ids: list[str], trials: int, concurrency: int, context: 
     problems += [f"max_infra_retries={context.max_infra_retries} (at least 0)"] if context.max_infra_retries < 0 else []
     problems += [f"max_turns={context.max_turns} (at least 1, or None)"] if context.max_turns is not None and context.max_turns < 1 else []
     if problems:
-        raise ValueError("cannot evaluate: " + "; ".join(problems))
+        raise ConfigError("cannot evaluate: " + "; ".join(problems))
 
 
 def recorded_run(run_id: str, context: Context) -> dict | None:
@@ -193,7 +193,7 @@ def _check_same_run(run_id: str, payload: dict, context: Context) -> None:
     given = {**payload, "model": context.agent_model, "judge": context.judge_model}
     differs = [k for k, v in recorded.items() if v is not None and given.get(k) != v and not (k == "bundle" and load_bundle(given[k]).hash == load_bundle(v).hash)]
     if differs:
-        raise ValueError(f"run {run_id} evaluated " + ", ".join(f"{k}={recorded[k]!r}" for k in differs)
+        raise ConfigError(f"run {run_id} evaluated " + ", ".join(f"{k}={recorded[k]!r}" for k in differs)
                          + "; resume it with the same settings (omit them to reuse the recorded ones) or start a new run")
 
 

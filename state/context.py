@@ -8,6 +8,11 @@ from state.paths import CATALOG
 from state.records import Record
 
 
+class ConfigError(ValueError):
+    """A request that cannot run as given (a bad setting, an unknown run, a run already being evaluated): the
+    caller's to fix, named with the file or field and what was expected. The CLI exits 2 on it."""
+
+
 @dataclass(frozen=True)
 class Context:
     agent_model: str = "local"

@@ -23,7 +23,8 @@ from langgraph_sdk import get_client
 
 from envs.catalog import catalog_problems, load_catalog
 from envs.certify import certify
-from graphs.cli import STUDIO, announced_url, parser, serve_command, server_ready
+from graphs.cli import parser
+from graphs.serve import STUDIO, announced_url, serve_command, server_ready
 from graphs.episode import graph as episode_graph
 from state.context import Context
 from state.ledger import Ledger
