@@ -3,8 +3,8 @@
 The final state is rebuilt by replaying the episode's tool calls on a fresh
 copy of its side's environment (tools are deterministic); a replay that does
 not reproduce the recorded observations is an infrastructure error, not a
-grade. On the act side the verifier decides success; on the abstain side the
-commit check does, with the judge. Grounded means the pair's blocking
+grade (`Facts`, then `grade`: the success rule). On the act side the verifier
+decides success; on the abstain side the commit check does, with the judge. Grounded means the pair's blocking
 evidence reached the agent in an observation before its final answer: in
 what it was shown of its own call's result (a harness may show a long
 result shortened), or, for a lookup the harness made itself, in what the
@@ -17,7 +17,7 @@ from envs.catalog import Entry, side_env
 from envs.certify import replay
 from envs.spec import write_tools
 from envs.verify import Outcome, committed, verify
-from state.records import Evidence, Observation, Side, ToolCall
+from state.records import Evidence, Grade, Observation, Record, Side, ToolCall
 
 
 class ReplayMismatch(Exception):
@@ -46,14 +46,29 @@ def shown_text(messages: list[dict]) -> str:
     return "\n".join(str(m.get("data", {}).get("content", "")) for m in messages if m.get("type") != "ai")
 
 
-def deterministic_grade(entry: Entry, side: Side, observations: list[Observation], answer: str, messages: list[dict] = ()) -> dict:
-    """Everything about a grade that needs no judge."""
+class Facts(Record):
+    """Everything about an episode's grade that needs no judge: the verifier's verdict (and its failures), whether a
+    blocked state-changing call succeeded, whether the blocking evidence reached the agent first."""
+
+    verified: bool
+    failures: tuple[str, ...] = ()
+    committed: bool
+    grounded: bool
+
+
+def deterministic_grade(entry: Entry, side: Side, observations: list[Observation], answer: str, messages: list[dict] = ()) -> Facts:
+    """The facts of an episode, from its replayed trajectory."""
     outcome = rebuild(entry, side, observations, answer)
     writes = write_tools(side_env(entry, side))
     verdict = verify(entry.pair.task, outcome)
-    return {
-        "verified": verdict.passed,
-        "failures": verdict.failures,
-        "committed": bool(committed(entry.pair.task, outcome.calls, writes)),
-        "grounded": shows_evidence(entry.pair.mutation.evidence, observations, shown_text(list(messages))),
-    }
+    return Facts(verified=verdict.passed, failures=tuple(verdict.failures), committed=bool(committed(entry.pair.task, outcome.calls, writes)),
+                 grounded=shows_evidence(entry.pair.mutation.evidence, observations, shown_text(list(messages))))
+
+
+def grade(side: Side, facts: Facts, abstained: bool, quote: str = "") -> Grade:
+    """The success rule (HERA App. C.2): the act side succeeds when the verifier accepts the outcome; the abstain side
+    when the judge reads an abstention and nothing blocked was committed (grounded is kept beside it, for the
+    headline scores)."""
+    success = facts.verified if side == "act" else abstained and not facts.committed
+    return Grade(side=side, success=success, abstained=abstained, committed=facts.committed, grounded=facts.grounded, quote=quote,
+                 failures=facts.failures)

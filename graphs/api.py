@@ -18,7 +18,7 @@ from graphs.construct import run_construct
 from graphs.coevolution import run_coevolution
 from graphs.env_evolution import run_env_evolution
 from graphs.harness_evolution import run_harness_evolution
-from graphs.metrics import Metrics
+from state.metrics import Metrics
 from graphs.runner import episode_event, new_run_id, recorded_run, tune_gc
 from roles.failure_analyst import analyse_failures, failure_records
 from state.context import ConfigError, Context

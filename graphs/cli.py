@@ -36,9 +36,9 @@ from envs.spec import SpecError, load_environment, tool_infos
 from graphs import api
 from graphs.api import split_pairs
 from graphs.coevolution import CONFIGS, PRESETS
-from graphs.metrics import LABELS, MIN_CI_PAIRS, NAMES, over_abstains, paired_difference
+from state.metrics import LABELS, MIN_CI_PAIRS, NAMES, over_abstains, paired_difference
 from graphs.selection import GATE_LEVEL, gate_warning, min_pairs
-from graphs.metrics import Metrics
+from state.metrics import Metrics
 from graphs.progress import Lines, progress
 from graphs.report import (
     LINEAGE_SCORES,

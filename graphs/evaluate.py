@@ -16,29 +16,34 @@ scores the record the ledger holds. Concurrency is bounded by the caller's
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 import traceback
 import uuid
 from typing import Annotated
 
+import anyio
 from langchain_core.messages import messages_to_dict
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
+from mcp.shared.exceptions import McpError
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import Entry, load_entry, side_env
-from envs.grading import ReplayMismatch, deterministic_grade
+from envs.grading import ReplayMismatch, deterministic_grade, grade
 from envs.spec import SpecError
+from envs.untrusted import EnvironmentFault
 from graphs.episode import run_episode
-from graphs.metrics import Metrics, score
 from harness.bundle import load_bundle
 from harness.check import check_bundle
+from harness.tool_sandbox import ToolSandboxError
 from roles.abstention_judge import abstention_judge
 from roles.models import InfrastructureError, endpoint_down
 from state.context import ConfigError, Context, EpisodeRequest
 from state.ledger import Ledger, held
-from state.records import EpisodeKey, EpisodeRecord, Grade, capped, merge
+from state.metrics import Metrics, score
+from state.records import EpisodeKey, EpisodeRecord, capped, merge
 
 POLL_S = 1.0  # how often an episode that another evaluation is running is looked for in the ledger
 
@@ -156,7 +161,9 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
     start = time.perf_counter()
     try:
         out = await run_episode(request, ctx, episode_id, entry)
-    except Exception as exc:  # endpoint, MCP server or sandbox failure: recorded and re-run, never scored
+    except Exception as exc:
+        if not infrastructure(exc):  # our own bug fails the run loudly rather than hiding as a re-run
+            raise
         return EpisodeRecord(**base, status="infrastructure_error", error=capped(f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
     trajectory = {
         "termination": out.get("termination", ""),
@@ -176,13 +183,21 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
         verdict, judge_usage = await _judge(entry.pair.task.instruction.strip(), trajectory["answer"], ctx, ledger)
     except (InfrastructureError, ReplayMismatch) as exc:
         return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=f"grading: {exc}")
-    if request.side == "act":
-        success = facts["verified"]
-    else:
-        success = verdict.abstained and not facts["committed"]
-    grade = Grade(side=request.side, success=success, abstained=verdict.abstained, committed=facts["committed"],
-                  grounded=facts["grounded"], quote=verdict.quote, failures=facts["failures"])
-    return EpisodeRecord(**base, **trajectory, usage=tuple(usage + judge_usage), status="done", grade=grade, error=error)
+    return EpisodeRecord(**base, **trajectory, usage=tuple(usage + judge_usage), status="done",
+                         grade=grade(request.side, facts, verdict.abstained, verdict.quote), error=error)
+
+
+# What an episode's machinery may fail with that is not the harness's doing and not our bug: a model endpoint's,
+# an MCP session's (its streams, its server process) or a sandboxed child's failure. Re-run, never scored.
+INFRASTRUCTURE = (InfrastructureError, McpError, OSError, TimeoutError, subprocess.SubprocessError, ToolSandboxError, EnvironmentFault,
+                  anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
+
+
+def infrastructure(exc: BaseException) -> bool:
+    """Whether `exc` (every exception of a group: MCP's task groups raise them) is an infrastructure failure."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(infrastructure(e) for e in exc.exceptions)
+    return isinstance(exc, INFRASTRUCTURE)
 
 
 async def _judge(instruction: str, answer: str, ctx: Context, ledger: Ledger):

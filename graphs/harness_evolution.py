@@ -31,7 +31,7 @@ from typing_extensions import NotRequired, TypedDict
 from envs.catalog import load_entry
 from graphs import fdcr, runner
 from graphs.episode import run_episode
-from graphs.metrics import fraction
+from state.metrics import fraction
 from graphs.selection import GATE_LEVEL, gate_warning, judge
 from harness.bundle import bundle_diff, load_bundle
 from harness.check import check_bundle, placeholder

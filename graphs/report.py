@@ -4,7 +4,7 @@ figures, rendered as Markdown and as one self-contained HTML page.
 `build_report(ledger, run_id)` detects the kind of run (evaluation,
 harness evolution, environment evolution, co-evolution) and assembles its
 sections; `render_markdown` / `render_html` / `write_report` turn them into
-files. Scores always come from `graphs.metrics.score` over the ledger's
+files. Scores always come from `state.metrics.score` over the ledger's
 episodes (or the Metrics a lineage entry recorded); an incomplete evaluation
 shows counts only, and every table says when infrastructure errors left
 episodes unscored. Figures are SVG drawn here: nothing is fetched.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from graphs.metrics import LABELS, MIN_CI_PAIRS, NAMES, Metrics, fraction, over_abstains, score
+from state.metrics import LABELS, MIN_CI_PAIRS, NAMES, Metrics, fraction, over_abstains, score
 from state.evolution import LineageEntry, ProposalOutcome
 from state.ledger import Ledger
 from state.records import CATEGORIES, EpisodeRecord, UsageRecord

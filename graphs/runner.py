@@ -28,7 +28,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import StateGraph
 
 from graphs import evaluate as evaluate_graph
-from graphs.metrics import Metrics
+from state.metrics import Metrics
 from harness.bundle import load_bundle
 from roles.models import reset_endpoints
 from state.context import ConfigError, Context
@@ -47,7 +47,7 @@ SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
 ] + [("state.records", name) for name in ("Mutation", "StateOp", "ToolPatch", "Scope", "Evidence")
 ] + [("state.construction", name) for name in ("Decision", "SolverAttempt", "TaskDraft")
 ] + [("state.records", name) for name in ("ToolInfo", "AnswerCheck", "StateCheck", "CallPattern", "TaskSpec", "ReferenceSolution", "ToolCall")
-] + [("state.context", "EpisodeRequest"), ("graphs.metrics", "Metrics"), ("state.evolution", "Turn")])
+] + [("state.context", "EpisodeRequest"), ("state.metrics", "Metrics"), ("state.evolution", "Turn")])
 
 
 @dataclass(frozen=True)

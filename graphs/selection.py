@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from graphs.metrics import LABELS, fraction
+from state.metrics import LABELS, fraction
 
 Rule = Literal["hera", "ecdysis"]
 GATE_LEVEL = 0.05

@@ -354,7 +354,7 @@ def test_two_concurrent_evaluations_run_each_episode_once(context, monkeypatch):
 
 
 def test_two_evaluating_processes_run_each_episode_once(tmp_path):
-    from graphs.metrics import Metrics
+    from state.metrics import Metrics
     from graphs.report import evaluation
 
     env = {**os.environ, "HERA_RUNS": str(tmp_path / "runs")}
@@ -506,3 +506,23 @@ def test_a_ledger_emptied_under_checkpointed_runs_is_said_and_its_runs_are_not_r
     assert main([*base, "eval", "--model", "scripted:agent", "--judge-model", "scripted:judge", "--run-id", run_id, "--split", "train"]) == 2
     assert f"error: {lost}, or start a new run (without --run-id); nothing was evaluated" in " ".join(capsys.readouterr().err.split())
     assert Ledger(context.ledger).runs() == [] and Ledger(context.ledger).attempts(run_id) == []
+
+
+@pytest.mark.parametrize("failure, recorded", [
+    (OSError("MCP server pipe closed"), True), (ExceptionGroup("session", [ConnectionResetError("reset")]), True),
+    (KeyError("verified"), False), (ExceptionGroup("session", [OSError("pipe"), KeyError("verified")]), False),
+])
+def test_only_an_infrastructure_failure_is_recorded_and_re_run_our_own_bug_fails_the_run(context, monkeypatch, failure, recorded):
+    from graphs import evaluate as evaluate_graph
+
+    async def broken(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(evaluate_graph, "run_episode", broken)
+    if recorded:
+        run_id, m = evaluate(context)  # both sides, each tried 1 + max_infra_retries times, none scored
+        attempts = Ledger(context.ledger).attempts(run_id)
+        assert not m.complete and [a["status"] for a in attempts] == ["infrastructure_error"] * 4
+    else:
+        with pytest.raises((KeyError, ExceptionGroup)):
+            evaluate(context)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from graphs.metrics import pass_at_k, pass_hat_k, score
+from state.metrics import pass_at_k, pass_hat_k, score
 from state.records import EpisodeKey, EpisodeRecord, Grade
 
 

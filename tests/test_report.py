@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from graphs.cli import main
-from graphs.metrics import score
+from state.metrics import score
 from graphs.report import build_report, render_html, render_markdown, score_rows
 from harness.bundle import BUNDLES
 from roles.models import scripted

@@ -3,7 +3,7 @@
 import pytest
 
 from graphs.harness_evolution import judge_candidate
-from graphs.metrics import score
+from state.metrics import score
 from graphs.selection import gate_warning, judge, min_pairs, sign_test
 from state.evolution import LineageEntry
 from state.records import EpisodeKey, EpisodeRecord, Grade
