@@ -7,6 +7,7 @@ resumable after a crash.
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 from envs.catalog import load_entry, split_pairs
 from graphs import runner
 from graphs.construct import run_construct
-from graphs.coevolution import run_coevolution
+from graphs.coevolution import CONFIGS, PRESETS, run_coevolution
 from graphs.env_evolution import run_env_evolution
 from graphs.harness_evolution import run_harness_evolution
 from state.metrics import Metrics
@@ -27,8 +28,9 @@ from state.ledger import Ledger
 from state.paths import RunPaths
 from state.records import EpisodeRecord
 
-__all__ = ["build_environment", "checkpointed_runs", "episode_event", "evaluate", "evolve_envs", "evolve_harness", "load_diagnosis", "new_run_id",
-           "recorded_run", "run_coevolution", "split_pairs", "tune_gc", "unrecorded_note"]
+__all__ = ["build_environment", "checkpointed_runs", "compare", "episode_event", "evaluate", "evolve_envs", "evolve_harness", "load_diagnosis",
+           "new_run_id", "protocol", "recorded_run", "resume_request", "run_coevolution", "run_method", "split_pairs", "transfer", "tune_gc",
+           "unrecorded_note"]
 
 evolve_harness = run_harness_evolution  # one harness-evolution block: (run id, final state with lineage and selected)
 evolve_envs = run_env_evolution  # environment evolution: (run id, final state with outcomes, screenings, admitted)
@@ -52,6 +54,102 @@ async def evaluate(
     run = await runner.evaluate(bundle, pair_ids, context, trials=trials, seed=seed, concurrency=concurrency, run_id=run_id,
                                 on_episode=on_episode, sides=sides)
     return run.run_id, run.metrics
+
+
+def resume_request(run_id: str | None, context: Context, **given) -> dict:
+    """An evaluation's request (pair_ids, bundle, trials, seed, model, judge): what is given, else what run `run_id`
+    recorded when it is resumed, else the defaults (the whole split is the caller's to choose)."""
+    recorded = recorded_run(run_id, context) if run_id else None
+    if recorded:
+        recorded = {"pair_ids": recorded["pair_ids"], "bundle": recorded["bundle"], "trials": recorded["trials"],
+                    "seed": recorded["seed"], "model": recorded["model"], "judge": recorded["judge"]}
+    defaults = {"pair_ids": None, "bundle": "H0", "trials": 1, "seed": 0, "model": "local", "judge": None}
+    return {key: next((v for v in (given.get(key), (recorded or {}).get(key)) if v is not None and v != []), default)
+            for key, default in defaults.items()}
+
+
+async def transfer(
+    bundle: str,
+    pair_ids: list[str],
+    models: list[str],
+    context: Context,
+    *,
+    judge: str | None = None,
+    trials: int = 1,
+    seed: int = 0,
+    concurrency: int = 1,
+    on_episode: Callable[[str, EpisodeRecord], None] | None = None,
+    on_run: Callable[[str, str], None] | None = None,
+) -> list[tuple[str, str, Metrics]]:
+    """One frozen harness evaluated with each model on the same pairs, the judge fixed (default: the first model);
+    (model, run id, metrics) per model. `on_episode(model, record)` after each episode, `on_run(model, run_id)` after
+    each model's run."""
+    judge = judge or models[0]
+    results = []
+    for model in models:
+        run = await runner.evaluate(bundle, pair_ids, replace(context, agent_model=model, judge_model=judge), trials=trials,
+                                    seed=seed, concurrency=concurrency,
+                                    on_episode=on_episode and (lambda r, model=model: on_episode(model, r)))
+        if on_run:
+            on_run(model, run.run_id)
+        results.append((model, run.run_id, run.metrics))
+    return results
+
+
+def protocol(preset: str, catalog: str, **overrides) -> tuple[dict, dict[str, list[str]]]:
+    """A preset's settings (`PRESETS`) with the overrides that are not None on top, and its pairs per split, taken
+    from the catalog's splits in order."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    settings = PRESETS[preset] | {k: v for k, v in overrides.items() if k in PRESETS[preset] and v is not None}
+    pairs = {split: split_pairs(split, catalog)[: settings[split]] for split in ("train", "validation", "bench")}
+    if not pairs["train"] or not pairs["validation"]:
+        raise ConfigError("the catalog needs training and validation pairs")
+    return {k: v for k, v in settings.items() if k not in pairs}, pairs
+
+
+async def run_method(
+    name: str,
+    settings: dict,
+    pairs: dict[str, list[str]],
+    context: Context,
+    *,
+    run_id: str | None = None,
+    on_event: Callable[[str, dict], None] | None = None,
+) -> dict:
+    """One compared method (`CONFIGS`) on a protocol (`protocol`): a static harness scored on the bench (else the
+    validation pairs), or a co-evolution run; its run id, final harness, bench metrics (a dict, or None when the run
+    scored no bench) and pool. `on_event(node, value)` as `run_coevolution`'s, an episode as ("episode", event)."""
+    if name not in CONFIGS:
+        raise ConfigError(f"unknown configuration {name!r}; known: {', '.join(CONFIGS)}")
+    config, settings = CONFIGS[name], dict(settings)
+    context = replace(context, max_turns=settings.pop("max_turns", context.max_turns))
+    if "static" in config:
+        run = await runner.evaluate(config["static"], pairs["bench"] or pairs["validation"], context, run_id=run_id,
+                                    on_episode=on_event and (lambda r: on_event("episode", episode_event(r))))
+        return {"run_id": run.run_id, "harness": config["static"], "bench": run.metrics.model_dump()}
+    run_id, final = await run_coevolution("H0", context, **pairs, **settings, **config, run_id=run_id, on_event=on_event)
+    bench = next((r["bench"] for r in final.get("results", []) if r["round"] == "bench"), None)
+    return {"run_id": run_id, "harness": final.get("harness"), "bench": bench, "pool": final.get("pool", [])}
+
+
+async def compare(
+    names: list[str],
+    settings: dict,
+    pairs: dict[str, list[str]],
+    context: Context,
+    *,
+    run_id: str | None = None,
+    on_event: Callable[[str, str, dict], None] | None = None,
+) -> dict[str, dict]:
+    """Several methods on one protocol, one after another: `run_method`'s result per method. Given a run id, each
+    method's run is that id with the method's name (so a resumed comparison resumes every method)."""
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise ConfigError(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
+    return {name: await run_method(name, settings, pairs, context, run_id=run_id and f"{run_id}-{name}",
+                                   on_event=on_event and (lambda node, value, name=name: on_event(name, node, value)))
+            for name in names}
 
 
 def checkpointed_runs() -> list[str]:

@@ -16,6 +16,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -47,7 +48,7 @@ from graphs.report import (
     evaluation,
     funnel,
     proposal_costs,
-    score_cell,
+    count_cell,
     score_note,
     score_rows,
     tier_rows,
@@ -475,18 +476,15 @@ def _note_unrecorded(ledger: Ledger) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     catalog = args.catalog
-    recorded = api.recorded_run(args.run_id, context_from(args)) if args.run_id else None
-    if recorded:  # resuming: what the run evaluated, unless given again
-        args.pairs = args.pairs or recorded["pair_ids"]
-        args.harness = args.harness or recorded["bundle"]
-        args.trials, args.seed = args.trials or recorded["trials"], args.seed if args.seed is not None else recorded["seed"]
-        args.model, args.judge_model = args.model or recorded["model"], args.judge_model or recorded["judge"]
-    args.harness, args.trials, args.seed, args.model = args.harness or "H0", args.trials or 1, args.seed or 0, args.model or "local"
-    for option, spec in (("--model", args.model), ("--judge-model", args.judge_model)) if recorded else ():
+    request = api.resume_request(args.run_id, context_from(args), pair_ids=args.pairs, bundle=args.harness, trials=args.trials,
+                                 seed=args.seed, model=args.model, judge=args.judge_model)
+    for option, key in (("--model", "model"), ("--judge-model", "judge")) if args.run_id else ():
         try:  # read back from the ledger, not parsed: its credentials may be gone
-            model_spec(spec or args.model)
+            model_spec(request[key] or request["model"])
         except argparse.ArgumentTypeError as exc:
-            raise ConfigError(f"{option} {spec} (run {args.run_id}'s): {exc}") from None
+            raise ConfigError(f"{option} {request[key]} (run {args.run_id}'s): {exc}") from None
+    args.pairs, args.harness, args.trials, args.seed = request["pair_ids"], request["bundle"], request["trials"], request["seed"]
+    args.model, args.judge_model = request["model"], request["judge"]
     pair_ids = args.pairs or split_pairs(args.split, catalog)
     if args.limit:
         pair_ids = pair_ids[: args.limit]
@@ -544,9 +542,9 @@ def runs_list(args: argparse.Namespace) -> int:
     for col in ("run", "harness", "model", "pairs", "trials", "Abstain", "Act", "Pair", "updated"):
         table.add_column(col)
     for r in runs:
-        m = json.loads(r["metrics"]) if r.get("metrics") else None
+        m = Metrics.model_validate_json(r["metrics"]) if r.get("metrics") else None
         table.add_row(r["id"], r.get("bundle", ""), r.get("model", ""), str(len(json.loads(r.get("pairs") or "[]"))),
-                      str(r.get("trials", "")), *(score_cell(m, k) for k in ("abstain", "act", "pair")), r["updated_at"])
+                      str(r.get("trials", "")), *(count_cell(m, k) for k in ("abstain", "act", "pair")), r["updated_at"])
     console.print(table)
     return 0
 
@@ -801,8 +799,8 @@ def lineage_tree(run_id: str, entries: list[LineageEntry]) -> Tree:
     tree = Tree(f"lineage of {run_id}")
     nodes: dict[str | None, Tree] = {None: tree}
     for e in entries:
-        scores = "\n  ".join(f"{name}: " + " ".join(f"{LABELS[k]} {score_cell(m, k)}" for k in LINEAGE_SCORES)
-                             + ("  [yellow]Over-abstain exceeds Act[/]" if m.get("complete") and over_abstains(m) else "")
+        scores = "\n  ".join(f"{name}: " + " ".join(f"{LABELS[k]} {count_cell(m, k)}" for k in LINEAGE_SCORES)
+                             + ("  [yellow]Over-abstain exceeds Act[/]" if m.complete and over_abstains(m) else "")
                              for name, m in (("train", e.train), ("val", e.validation)) if m)
         mark = "[green]adopted[/]" if e.adopted else "[dim]not adopted[/]"
         label = f"[bold]{e.bundle_id}[/] {mark}" + (f"\n  {scores}" if scores else "")
@@ -875,19 +873,15 @@ def transfer(args: argparse.Namespace) -> int:
     reachable(*(("--models", m) for m in models), ("--judge-model", args.judge_model))
     bundle = bundle_ref(args.ledger, args.harness)
     harness = load_bundle(bundle)
-    results = []
     with progress(console) as bars:
         bar = bars.add_task(f"{harness.id} across {len(models)} models", total=2 * len(pair_ids) * args.trials * len(models))
-        for model in models:
-            context = context_from(args, agent_model=model, judge_model=judge)
 
-            def advance(record: EpisodeRecord, model: str = model) -> None:
-                bars.update(bar, advance=1, description=f"{harness.id} × {model} · {record.pair_id}/{record.key.side} {mark(record)}")
+        def advance(model: str, record: EpisodeRecord) -> None:
+            bars.update(bar, advance=1, description=f"{harness.id} × {model} · {record.pair_id}/{record.key.side} {mark(record)}")
 
-            run_id, metrics = asyncio.run(api.evaluate(bundle, pair_ids, context, trials=args.trials, seed=args.seed,
-                                                       concurrency=args.concurrency, on_episode=advance))
-            stop_note(f"hera eval --run-id {run_id} --model {model} --judge-model {judge}", model, judge)
-            results.append((model, run_id, metrics))
+        results = asyncio.run(api.transfer(bundle, pair_ids, models, context_from(args), judge=judge, trials=args.trials, seed=args.seed,
+                                           concurrency=args.concurrency, on_episode=advance,
+                                           on_run=lambda model, run_id: stop_note(f"hera eval --run-id {run_id} --model {model} --judge-model {judge}", model, judge)))
     built = transfer_report(Ledger(args.ledger), harness.id, judge, len(pair_ids), args.trials, results)
     paths = write_report(built, Path(args.out) if args.out else RunPaths.here().report(built.run_id), stem="transfer")
     if args.json:
@@ -928,71 +922,46 @@ def _add_report_parsers(top) -> None:
     tr.set_defaults(run=transfer)
 
 
-def _protocol(args: argparse.Namespace) -> tuple[dict, dict[str, list[str]]]:
-    """The preset's settings with the flags given on top, and its pairs per split."""
-    settings = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if k in PRESETS["paper"] and v is not None}}
-    pairs = {split: split_pairs(split, args.catalog)[: settings.pop(split)] for split in ("train", "validation", "bench")}
-    if not pairs["train"] or not pairs["validation"]:
-        raise ConfigError("the catalog needs training and validation pairs")
-    return settings, pairs
-
-
-def _method(name: str, args: argparse.Namespace, settings: dict, pairs: dict[str, list[str]], context: Context,
-            bars: Progress | Lines) -> dict:
-    """Runs one compared method on the protocol; its run id, final harness and bench metrics."""
-    config = CONFIGS[name]
-    bar = bars.add_task(f"{name}: starting", total=None)
-    episodes = Counter()
-
-    def on_episode(event: dict) -> None:
-        episodes["done"] += 1
-        bars.update(bar, description=f"{name}: {stage[0]} · episode {episodes['done']}: {event['episode']}/{event['side']} {mark(event)}")
-
-    stage = ["scoring" if "static" in config else "setup"]
-    run_id = f"{args.run_id}-{name}" if args.run_id and args.command == "compare" else args.run_id
-    nexts = {"setup": "diagnosing", "diagnose": "environment evolution", "evolve_envs": "harness evolution",
-             "evolve_harness": "recording the round", "record": "next round", "final": "done"}
-
-    def on_event(node: str, value: dict) -> None:
-        if node == "episode":
-            return on_episode(value)
-        stage[0] = nexts.get(node, node)
-        bars.update(bar, description=f"{name}: {stage[0]}")
-
-    if "static" in config:
-        run_id, metrics = asyncio.run(api.evaluate(config["static"], pairs["bench"] or pairs["validation"], context,
-                                                   run_id=run_id,
-                                                   on_episode=lambda r: on_episode(api.episode_event(r))))
-        result = {"run_id": run_id, "harness": config["static"], "bench": metrics.model_dump()}
-    else:
-        run_id, final = asyncio.run(api.run_coevolution(
-            "H0", context, **pairs, **settings, **{k: v for k, v in config.items() if k != "static"},
-            run_id=run_id, on_event=on_event))
-        bench = next((r["bench"] for r in final.get("results", []) if r["round"] == "bench"), None)
-        result = {"run_id": run_id, "harness": final.get("harness"), "bench": bench, "pool": final.get("pool", [])}
-    bars.update(bar, description=f"{name}: done ({result['run_id']})", total=1, completed=1)
-    return result
-
-
-def _method_context(args: argparse.Namespace, settings: dict) -> Context:
-    reachable(("--model", args.model), ("--judge-model", args.judge_model))
-    return context_from(args, max_turns=settings.pop("max_turns"))
-
-
-def _gate_note(settings: dict, pairs: dict[str, list[str]]) -> None:
-    """Says before a run starts when its selection gate can never pass."""
+def _protocol(args: argparse.Namespace) -> tuple[dict, dict[str, list[str]], Context]:
+    """The preset's settings with the flags given on top, its pairs per split, and the run settings."""
+    settings, pairs = api.protocol(args.preset, args.catalog, **{k: v for k, v in vars(args).items() if k in PRESETS[args.preset]})
     warning = gate_warning(len(pairs["validation"]), settings["gate_level"])
-    if warning:
+    if warning:  # said before the run starts: its selection gate can never pass
         say(f"[yellow]note:[/] {warning}")
+    reachable(("--model", args.model), ("--judge-model", args.judge_model))
+    return settings, pairs, context_from(args)
+
+
+NEXT_STAGE = {"setup": "diagnosing", "diagnose": "environment evolution", "evolve_envs": "harness evolution",
+              "evolve_harness": "recording the round", "record": "next round", "final": "done"}
+
+
+def method_progress(bars: Progress | Lines) -> Callable[[str, str, dict], None]:
+    """A compared method's progress line: its stage, and its latest episode with the count so far."""
+    bars_of, stages, episodes = {}, {}, Counter()
+
+    def on_event(name: str, node: str, value: dict) -> None:
+        if name not in bars_of:
+            bars_of[name] = bars.add_task(f"{name}: starting", total=None)
+            stages[name] = "scoring" if "static" in CONFIGS[name] else "setup"
+        if node == "episode":
+            episodes[name] += 1
+            text = f"{name}: {stages[name]} · episode {episodes[name]}: {value['episode']}/{value['side']} {mark(value)}"
+        else:
+            stages[name] = NEXT_STAGE.get(node, node)
+            text = f"{name}: {stages[name]}"
+        bars.update(bars_of[name], description=text)
+
+    return on_event
 
 
 def coevolve(args: argparse.Namespace) -> int:
-    settings, pairs = _protocol(args)
-    context = _method_context(args, settings)
-    _gate_note(settings, pairs)
+    settings, pairs, context = _protocol(args)
     args.run_id = announce(args)
     with progress(console, bar=False) as bars:
-        result = _method(args.config, args, settings, pairs, context, bars)
+        on_event = method_progress(bars)
+        result = asyncio.run(api.run_method(args.config, settings, pairs, context, run_id=args.run_id,
+                                            on_event=lambda node, value: on_event(args.config, node, value)))
     paths = write_report(build_report(Ledger(args.ledger), result["run_id"]), RunPaths.here().report(result["run_id"]))
     if args.json:
         print(json.dumps({**result, "report": {k: str(v) for k, v in paths.items()}}, indent=1, default=str))
@@ -1008,14 +977,12 @@ def coevolve(args: argparse.Namespace) -> int:
 
 def compare(args: argparse.Namespace) -> int:
     unknown = [c for c in args.configs if c not in CONFIGS]
-    if unknown:
+    if unknown:  # before anything runs
         raise ConfigError(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
-    settings, pairs = _protocol(args)
-    context = _method_context(args, settings)
-    _gate_note(settings, pairs)
+    settings, pairs, context = _protocol(args)
     args.run_id = announce(args)  # each method's run is this id with the method's name
     with progress(console, bar=False) as bars:
-        results = {name: _method(name, args, settings, pairs, context, bars) for name in args.configs}
+        results = asyncio.run(api.compare(args.configs, settings, pairs, context, run_id=args.run_id, on_event=method_progress(bars)))
     if args.json:
         print(json.dumps(results, indent=1, default=str))
         return 0
@@ -1023,7 +990,7 @@ def compare(args: argparse.Namespace) -> int:
     for col in ("method", "run", "Abstain", "Act", "Pair", "Over-abstain"):
         table.add_column(col, justify="left" if col in ("method", "run") else "right")
     for name, r in results.items():
-        table.add_row(name, r["run_id"], *(score_cell(r["bench"], m) for m in ("abstain", "act", "pair", "over_abstain")))
+        table.add_row(name, r["run_id"], *(count_cell(Metrics.model_validate(r["bench"]) if r["bench"] else None, m) for m in ("abstain", "act", "pair", "over_abstain")))
     console.print(table)
     return 0
 

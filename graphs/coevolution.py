@@ -17,7 +17,9 @@ current harness), `augment` (batches generated without a diagnosis and
 admitted unscreened), `h0` (all batches generated up front from H0's
 failures, released one per round) and `none` (harness-only evolution).
 Sub-runs are graphs of their own, checkpointed under derived run ids, so a
-killed co-evolution resumes inside the sub-run it was in.
+killed co-evolution resumes inside the sub-run it was in; `steps` shows, per
+round, each sub-run's id and the nodes it ran (read back from its
+checkpoints), so a co-evolution thread in Studio shows what its rounds did.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_entry
 from graphs import runner
+from graphs import env_evolution, harness_evolution
 from graphs.env_evolution import run_env_evolution
 from graphs.harness_evolution import run_harness_evolution
 from graphs.selection import GATE_LEVEL
@@ -108,11 +111,13 @@ class CoevolutionOutput(TypedDict, total=False):
     harness: str
     lineage: dict[str, LineageEntry]
     results: list[dict]
+    steps: list[dict]  # {round, graph, run, nodes}: each sub-run and the nodes it ran
 
 
 class CoevolutionState(CoevolutionInput, CoevolutionOutput, total=False):
     lineage: Annotated[dict[str, LineageEntry], merge]
     results: Annotated[list[dict], operator.add]
+    steps: Annotated[list[dict], operator.add]
     usage: Annotated[list[UsageRecord], operator.add]
     catalog: str
     round: int
@@ -144,6 +149,13 @@ def _forward(node: str, value: dict) -> None:
 
 def _progress(record) -> None:
     get_stream_writer()(runner.episode_event(record))
+
+
+async def _step(round_: int, module, run_id: str) -> dict:
+    """A sub-run as the co-evolution's state shows it: its graph, run id and the nodes it ran."""
+    name = module.graph.name
+    nodes = await runner.node_path(module.builder, name, run_id, RunPaths.here().evolution)
+    return {"round": round_, "graph": name, "run": run_id, "nodes": nodes}
 
 
 async def setup(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
@@ -183,11 +195,11 @@ async def diagnose(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
 
 
 async def evolve_envs(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
-    """Grows the pool by this round's batch, if any; writes `pool`, `batches`, `reserve`, `env_run`."""
+    """Grows the pool by this round's batch, if any; writes `pool`, `batches`, `reserve`, `env_run`, `steps`."""
     ctx, round_, env = _sub(runtime.context, state), state["round"], state["env"]
     if env == "none":
         return {"env_run": ""}
-    reserve, env_run, admitted = list(state.get("reserve", [])), "", []
+    reserve, env_run, admitted, steps = list(state.get("reserve", [])), "", [], []
     if env != "h0" or round_ == 1:
         env_run = f"{state['run_id']}-e{round_}"
         diagnosis = Diagnosis() if env == "augment" else state["diagnosis"]
@@ -197,6 +209,7 @@ async def evolve_envs(state: CoevolutionState, runtime: Runtime[Context]) -> dic
             max_refinements=state["max_refinements"], batch_size=state["batch_size"], tau=0.0 if env == "augment" else state["tau"],
             batches=batches, budget=state["budget"] * batches, run_id=env_run, on_event=_forward)
         admitted = [s["batch"] for s in final.get("screenings", []) if s["admitted"]]
+        steps = [await _step(round_, env_evolution, env_run)]
         await asyncio.to_thread(_copy_pairs, RunPaths.here().pool(env_run), Path(state["catalog"]), [p for b in admitted for p in b])
         if env == "h0":
             reserve, admitted = admitted[1:], admitted[:1]
@@ -206,11 +219,12 @@ async def evolve_envs(state: CoevolutionState, runtime: Runtime[Context]) -> dic
     for i, batch in enumerate(admitted, 1):
         batches[f"round-{round_}-{i}"] = batch
     pool = state["pool"] + [p for b in admitted for p in b]
-    return {"pool": pool, "batches": batches, "reserve": reserve, "env_run": env_run}
+    return {"pool": pool, "batches": batches, "reserve": reserve, "env_run": env_run, "steps": steps}
 
 
 async def evolve_harness(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
-    """One harness-evolution block on the grown pool, selecting on the validation pairs; writes `harness`, `lineage`, `results`."""
+    """One harness-evolution block on the grown pool, selecting on the validation pairs; writes `harness`, `lineage`,
+    `results`, `steps`."""
     ctx = _sub(runtime.context, state)
     harness_run, final = await run_harness_evolution(
         state["harness"], state["pool"], state["validation"], ctx, candidates=state["candidates"], mode=state["mode"],
@@ -218,10 +232,10 @@ async def evolve_harness(state: CoevolutionState, runtime: Runtime[Context]) -> 
         run_id=f"{state['run_id']}-h{state['round']}",
         on_event=_forward)
     selected = final["lineage"][final["selected"]]
-    return {"harness": selected.path, "lineage": final["lineage"],
+    return {"harness": selected.path, "lineage": final["lineage"], "steps": [await _step(state["round"], harness_evolution, harness_run)],
             "results": [{"round": state["round"], "harness_run": harness_run, "harness": selected.id, "bundle": selected.path,
-                         "train_run": selected.train["run_id"], "validation_run": selected.validation["run_id"],
-                         "train": selected.train, "validation": selected.validation}]}
+                         "train_run": selected.train.run_id, "validation_run": selected.validation.run_id,
+                         "train": selected.train.model_dump(), "validation": selected.validation.model_dump()}]}
 
 
 async def record(state: CoevolutionState, runtime: Runtime[Context]) -> dict:

@@ -6,14 +6,16 @@ instructions; `agent` runs one model turn through
 `prepare_turn` (in the bundle's action mode); `tools` runs the requested
 calls through `before_tool_call`, `present_result` (what the model is shown)
 and `after_tool_result`; `finalizer` asks `finalize` whether to accept,
-replace, abstain or revise. Read-only calls a hook makes itself
+replace, abstain or revise; `close` closes what a standalone episode opened. Read-only calls a hook makes itself
 (`view.lookup`) are recorded with the agent's, marked as the harness's. A
 hook's failure ends the episode as `harness_error` (scored); a tool that
 crashes ends it as `environment_error` (the environment's defect, never
 scored). Every text a hook hands back is capped at `MAX_TEXT` characters.
 The MCP session and the harness object live
 outside the checkpointed state, in `LIVE`, for the life of the episode;
-`run_episode` opens and always closes the session. Nothing private about the pair
+`run_episode` opens and always closes the session. Invoked on its own (from
+LangGraph Studio, say) with a request naming a pair, a side and a bundle, the
+graph opens the session itself and `close` closes it. Nothing private about the pair
 (acceptance rules, mutation, label) reaches the harness or the model.
 """
 
@@ -24,7 +26,8 @@ import contextvars
 import json
 import operator
 import re
-from contextlib import asynccontextmanager
+import uuid
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Annotated, AsyncIterator, Literal
 
@@ -34,7 +37,7 @@ from mcp.client.stdio import stdio_client
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Command
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import Entry, load_entry, side_env
 from envs.mcp_server import connection, memory_session
@@ -48,6 +51,7 @@ from state.records import EnvironmentSpec, Observation, ToolInfo, UsageRecord, c
 
 Termination = Literal["final_answer", "turn_limit", "context_limit", "infrastructure_error", "harness_error", "environment_error"]
 TOOL_CRASH = "internal_error"  # the code `envs.runtime` gives a tool that raised or returned a value that is not JSON
+OWN_SESSION_TTL_S = 4 * 3600  # a standalone episode that never reaches `close` (a crash) has its session closed after this
 
 
 class EnvironmentFault(RuntimeError):
@@ -68,6 +72,8 @@ class Live:
     read_only: dict[str, bool] = field(default_factory=dict)
     harness_usage: list[UsageRecord] = field(default_factory=list)
     pending: list[Observation] = field(default_factory=list)
+    release: asyncio.Event | None = None  # when the episode opened its own session: `close` sets it
+    holder: asyncio.Task | None = None  # the task holding that session open
 
     def record(self, observation: Observation) -> None:
         self.view.observations.append(observation)
@@ -86,7 +92,7 @@ LIVE: dict[str, Live] = {}
 
 class EpisodeInput(TypedDict):
     request: EpisodeRequest
-    episode_id: str
+    episode_id: NotRequired[str]  # given by `run_episode`; a standalone episode makes its own
 
 
 class EpisodeOutput(TypedDict, total=False):
@@ -114,14 +120,17 @@ def public_context(entry) -> str:
     return "\n\n".join(p.strip() for p in parts if p and p.strip())
 
 
-async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "__end__"]]:
-    """Opens the episode's environment and harness; writes `messages`, `turns`, `harness_hash`."""
+async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "close"]]:
+    """Opens the episode's environment (unless `run_episode` did) and harness; writes `messages`, `turns`,
+    `harness_hash`, and `episode_id` when it was not given."""
     request, ctx = state["request"], runtime.context
-    live = LIVE.get(state["episode_id"])
-    if live is None:  # invoked on its own, e.g. from LangGraph Studio
-        raise RuntimeError(f"episode {state['episode_id']!r} has no open environment: the episode graph runs "
-                           "inside run_episode, which opens the pair's MCP session; run the `evaluate` graph instead")
-    bundle = await asyncio.to_thread(load_bundle, request.bundle)
+    episode_id = state.get("episode_id") or f"{request.pair_id}/{request.side}/{uuid.uuid4().hex[:8]}"
+    live = LIVE.get(episode_id) or await _open_own(request, ctx, episode_id)
+    try:
+        bundle = await asyncio.to_thread(load_bundle, request.bundle)
+    except BaseException:
+        await _release(episode_id)
+        raise
     listed = (await live.session.list_tools()).tools
     tools = [
         ToolInfo(name=t.name, description=t.description or "", input_schema=t.inputSchema,
@@ -156,13 +165,58 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
         await call_hook(harness.initialize, view)
         system = capped(await call_hook(harness.compose_instructions, view))
     except (HookError, EnvironmentFault) as exc:
-        return _ended(exc, live, messages=[], turns=0, harness_hash=bundle.hash)
+        return _ended(exc, live, messages=[], turns=0, harness_hash=bundle.hash, episode_id=episode_id)
     view.instruction = capped(view.instruction)
     return Command(goto="agent", update={"messages": [SystemMessage(system), HumanMessage(view.instruction)], "turns": 0,
-                                         "harness_hash": bundle.hash, **live.drain()})
+                                         "harness_hash": bundle.hash, "episode_id": episode_id, **live.drain()})
 
 
-async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["tools", "finalizer", "__end__"]]:
+async def _open_own(request: EpisodeRequest, ctx: Context, episode_id: str) -> Live:
+    """A standalone episode's environment: the pair's side served by a task of its own, which holds the MCP session
+    open (an MCP session is closed by the task that opened it) until `close` (or OWN_SESSION_TTL_S) releases it."""
+    entry = await asyncio.to_thread(load_entry, request.pair_id, ctx.catalog)
+    opened: asyncio.Future[Live] = asyncio.get_running_loop().create_future()
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        try:
+            async with environment_session(entry, request.side, ctx.catalog, ctx.env_transport) as session:
+                opened.set_result(Live(entry.pair.task.instruction, public_context(entry), session, release=release))
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(release.wait(), OWN_SESSION_TTL_S)
+        except Exception as exc:  # the session did not open: the episode's setup raises it
+            if not opened.done():
+                opened.set_exception(exc)
+        finally:
+            LIVE.pop(episode_id, None)
+
+    holder = asyncio.get_running_loop().create_task(hold(), context=contextvars.Context())
+    live = LIVE[episode_id] = await opened
+    live.holder = holder
+    return live
+
+
+async def _release(episode_id: str) -> None:
+    """Closes a standalone episode's harness and session; an episode `run_episode` runs is its to close."""
+    live = LIVE.get(episode_id)
+    if live is None or live.release is None:
+        return
+    LIVE.pop(episode_id)
+    try:
+        if isinstance(live.harness, SandboxedHarness):
+            await live.harness.aclose()
+    finally:
+        live.release.set()
+        await live.holder
+
+
+async def close(state: EpisodeState) -> dict:
+    """Closes what the episode opened itself (nothing when `run_episode` opened it); writes nothing."""
+    await _release(state["episode_id"])
+    return {}
+
+
+async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["tools", "finalizer", "close"]]:
     """One model turn; routes to `tools` on tool calls, else to `finalizer`; writes `messages`, `usage`, `turns`."""
     live = LIVE[state["episode_id"]]
     live.view.turn = state["turns"]
@@ -175,16 +229,16 @@ async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
         done = await live.model.complete(messages, live.view.tools, max_tokens=config.max_output_tokens,
                                          temperature=config.temperature, action_mode=config.action_mode)
     except InfrastructureError as exc:
-        return Command(goto=END, update={"termination": "infrastructure_error", "error": f"{exc.kind}: {exc}"})
+        return Command(goto="close", update={"termination": "infrastructure_error", "error": f"{exc.kind}: {exc}"})
     except ContextLimitError as exc:
-        return Command(goto=END, update={"termination": "context_limit", "error": str(exc), "answer": "", **live.drain()})
+        return Command(goto="close", update={"termination": "context_limit", "error": str(exc), "answer": "", **live.drain()})
     turns = state["turns"] + 1
     drained = live.drain()
     update = {"messages": [done.message], "observations": drained["observations"], "usage": [*drained["usage"], done.usage],
               "turns": turns}
     if done.message.tool_calls:
         if turns >= turn_limit(live, runtime.context):
-            return Command(goto=END, update={**update, "termination": "turn_limit", "answer": ""})
+            return Command(goto="close", update={**update, "termination": "turn_limit", "answer": ""})
         return Command(goto="tools", update=update)
     return Command(goto="finalizer", update=update)
 
@@ -208,7 +262,7 @@ def turn_limit(live: Live, ctx: Context) -> int:
     return min(live.view.config.max_turns, ctx.max_turns or live.view.config.max_turns)
 
 
-async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "__end__"]]:
+async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "close"]]:
     """Runs the last turn's tool calls through the harness; writes `messages`, `observations`."""
     live = LIVE[state["episode_id"]]
     last: AIMessage = state["messages"][-1]
@@ -257,7 +311,7 @@ async def _call_tool(live: Live, request: ToolRequest) -> Observation:
     return Observation(tool=request.name, args=request.args, ok=True, output=payload, read_only=read_only)
 
 
-async def finalizer(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "__end__"]]:
+async def finalizer(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "close"]]:
     """Lets the harness accept, replace, abstain on or revise the answer; writes `answer`, `termination`."""
     live = LIVE[state["episode_id"]]
     answer = capped(_text(state["messages"][-1]))
@@ -270,7 +324,7 @@ async def finalizer(state: EpisodeState, runtime: Runtime[Context]) -> Command[L
         return Command(goto="agent", update={"messages": [HumanMessage(capped(final.text))], **drained})
     if final.action in ("replace", "abstain"):
         answer = capped(final.text)
-    return Command(goto=END, update={"answer": answer, "termination": "final_answer", **drained})
+    return Command(goto="close", update={"answer": answer, "termination": "final_answer", **drained})
 
 
 def _fault(observation: Observation) -> EnvironmentFault:
@@ -281,7 +335,7 @@ def _ended(exc: HookError | EnvironmentFault, live: Live, **update) -> Command:
     """Ends the episode on a sandboxed hook's failure (the candidate's fault: scored, not re-run) or on a tool's
     crash (the environment's: never scored); the error is kept with its message."""
     termination = "environment_error" if isinstance(exc, EnvironmentFault) else "harness_error"
-    return Command(goto=END, update={**update, **live.drain(), "termination": termination, "error": capped(str(exc)), "answer": ""})
+    return Command(goto="close", update={**update, **live.drain(), "termination": termination, "error": capped(str(exc)), "answer": ""})
 
 
 def _text(message: BaseMessage) -> str:
@@ -297,7 +351,9 @@ def build_episode() -> StateGraph:
     builder.add_node(agent)
     builder.add_node(tools)
     builder.add_node(finalizer)
+    builder.add_node(close)
     builder.add_edge(START, "setup")
+    builder.add_edge("close", END)
     return builder
 
 

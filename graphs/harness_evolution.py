@@ -42,6 +42,7 @@ from roles.harness_optimizer import describe_bundle, failure_text, optimize_harn
 from state.context import Context, EpisodeRequest
 from state.evolution import Diagnosis, FailureRecord, LineageEntry, ModificationSpec, Turn
 from state.ledger import Ledger
+from state.metrics import RunScores
 from state.paths import RunPaths
 from state.records import UsageRecord, merge
 
@@ -91,14 +92,14 @@ def _entries(pair_ids: list[str], ctx: Context) -> dict:
     return {p: load_entry(p, ctx.catalog) for p in pair_ids}
 
 
-async def _evaluate(bundle: str, pairs: list[str], ctx: Context, run_id: str) -> tuple[dict, list]:
+async def _evaluate(bundle: str, pairs: list[str], ctx: Context, run_id: str) -> tuple[RunScores, list]:
     """Metrics and graded episodes of one bundle on some pairs, as an evaluation run of its own (resumed by id)."""
     writer = get_stream_writer()
     run = await runner.evaluate(bundle, pairs, ctx, run_id=run_id, on_episode=lambda r: writer(runner.episode_event(r)))
-    return {**run.metrics.model_dump(), "run_id": run.run_id}, run.done
+    return RunScores(**run.metrics.model_dump(), run_id=run.run_id), run.done
 
 
-async def _scores(bundle: str, state: HarnessEvolutionState, ctx: Context, name: str) -> tuple[dict, dict, list[FailureRecord], int]:
+async def _scores(bundle: str, state: HarnessEvolutionState, ctx: Context, name: str) -> tuple[RunScores, RunScores, list[FailureRecord], int]:
     train, train_records = await _evaluate(bundle, state["pool"], ctx, f"{state['run_id']}-{name}-train")
     validation, _ = await _evaluate(bundle, state["validation"], ctx, f"{state['run_id']}-{name}-validation")
     entries = await asyncio.to_thread(_entries, state["pool"], ctx)

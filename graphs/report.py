@@ -140,22 +140,14 @@ def score_note(metrics: Metrics) -> str:
                  + ("" if metrics.complete else " — incomplete: counts only")
                  + f"; tokens in {u['input_tokens']:,.0f} (cached {u['cached_tokens']:,.0f}), out {u['output_tokens']:,.0f}"
                  + (f"; ${u['cost_usd']:.4f}" if u["cost_usd"] else ""),
-                 over_abstain_warning(metrics.model_dump()))
+                 over_abstain_warning(metrics))
 
 
-def over_abstain_warning(metrics: dict | None) -> str:
-    if not metrics or not metrics.get("totals", {}).get("act") or not over_abstains(metrics):
+def over_abstain_warning(metrics: Metrics | None) -> str:
+    if not metrics or not metrics.totals.get("act") or not over_abstains(metrics):
         return ""
     return (f"warning: Over-abstain ({fraction(metrics, 'over_abstain'):.0%}) exceeds Act ({fraction(metrics, 'act'):.0%}): "
             "this harness refuses feasible requests more often than it completes them")
-
-
-def score_cell(metrics: dict | None, name: str) -> str:
-    """A stored metrics dict's count, with its percentage when the run is complete (n matters on small runs)."""
-    if metrics is None:
-        return "—"
-    count = f"{metrics['counts'][name]}/{metrics['totals'][name]}"
-    return f"{count} ({metrics['percent'][name]:.1f}%)" if metrics["percent"] else count
 
 
 def count_cell(metrics: Metrics | None, name: str) -> str:
@@ -194,13 +186,6 @@ def usage_costs(usage: list[UsageRecord]) -> list[dict]:
         row["tokens"] += u.input_tokens + u.output_tokens
         row["minutes"] += u.latency_s / 60
     return sorted(rows.values(), key=lambda r: r["role"])
-
-
-def as_metrics(recorded: dict | None) -> Metrics | None:
-    """The Metrics a lineage entry recorded (with the id of its evaluation run beside them)."""
-    if not recorded:
-        return None
-    return Metrics.model_validate({k: v for k, v in recorded.items() if k != "run_id"})
 
 
 # ---- reading the ledger ----
@@ -328,13 +313,13 @@ def _mark(record: EpisodeRecord | None, name: str, applies: bool = True) -> str:
 def harness_sections(ledger: Ledger, run_id: str, level: int = 2) -> list[Section]:
     entries = ledger.lineage(run_id)
     anchor = _anchor("harness", run_id)
-    eval_runs = [m["run_id"] for e in entries for m in (e.train, e.validation) if m and m.get("run_id")]
+    eval_runs = [m.run_id for e in entries for m in (e.train, e.validation) if m]
     rows = []
     for e in entries:
-        train, val = as_metrics(e.train), as_metrics(e.validation)
+        train, val = e.train, e.validation
         status = "adopted" if e.adopted else ("rejected" if e.problems else "not adopted")
         notes = [f"{name} incomplete ({m.finished}/{m.planned})" for name, m in (("train", train), ("val", val)) if m and not m.complete]
-        notes += [infra_note(ledger, [m["run_id"] for m in (e.train, e.validation) if m and m.get("run_id")])]
+        notes += [infra_note(ledger, [m.run_id for m in (e.train, e.validation) if m])]
         rows.append((e.bundle_id, _bundle_of(entries, e.parent_id), status,
                      *(count_cell(train, k) for k in MAIN), *(count_cell(val, k) for k in MAIN),
                      f"{_usage_tokens(e.usage):,}", f"{e.build_s:.0f}", _join(*notes)))
@@ -360,7 +345,7 @@ def lineage_tree(entries: list[LineageEntry]) -> Tree:
         children.setdefault(e.parent_id if e.parent_id in ids else None, []).append(e)
 
     def node(e: LineageEntry) -> Node:
-        scores = "  ".join(f"{name} " + " ".join(f"{LABELS[k]} {score_cell(m, k)}" for k in LINEAGE_SCORES)
+        scores = "  ".join(f"{name} " + " ".join(f"{LABELS[k]} {count_cell(m, k)}" for k in LINEAGE_SCORES)
                            for name, m in (("train", e.train), ("val", e.validation)) if m)
         mark = "adopted" if e.adopted else ("rejected" if e.problems else "not adopted")
         detail = ("rejected: " + "; ".join(e.problems)) if e.problems else e.reason
@@ -385,8 +370,8 @@ def harness_cost(ledger: Ledger, entries: list[LineageEntry]) -> Figure | None:
     """HERA Fig. 3 for one lineage: cumulative tokens (building and evaluating) against validation Pair and Abstain."""
     total, points = 0, {"pair": [], "abstain": []}
     for e in entries:
-        total += _usage_tokens(e.usage) + sum(spent_tokens(ledger, m.get("run_id")) for m in (e.train, e.validation) if m)
-        val = as_metrics(e.validation)
+        total += _usage_tokens(e.usage) + sum(spent_tokens(ledger, m.run_id) for m in (e.train, e.validation) if m)
+        val = e.validation
         if val is None or not val.complete:
             continue
         for k in points:
@@ -549,7 +534,7 @@ def round_tokens(ledger: Ledger, r: Round, lineage: dict[str, LineageEntry], see
     for e in lineage.values():
         if r.harness_run and e.run_id == r.harness_run:
             tokens += _usage_tokens(e.usage)
-            runs += [m.get("run_id") for m in (e.train, e.validation) if m]
+            runs += [m.run_id for m in (e.train, e.validation) if m]
     for run in runs:
         if run and run not in seen:
             seen.add(run)

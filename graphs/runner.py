@@ -47,7 +47,7 @@ SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
 ] + [("state.records", name) for name in ("Mutation", "StateOp", "ToolPatch", "Scope", "Evidence")
 ] + [("state.construction", name) for name in ("Decision", "SolverAttempt", "TaskDraft")
 ] + [("state.records", name) for name in ("ToolInfo", "AnswerCheck", "StateCheck", "CallPattern", "TaskSpec", "ReferenceSolution", "ToolCall")
-] + [("state.context", "EpisodeRequest"), ("state.metrics", "Metrics"), ("state.evolution", "Turn")])
+] + [("state.context", "EpisodeRequest"), ("state.metrics", "Metrics"), ("state.metrics", "RunScores"), ("state.evolution", "Turn")])
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,15 @@ def _check_same_run(run_id: str, payload: dict, context: Context) -> None:
     if differs:
         raise ConfigError(f"run {run_id} evaluated " + ", ".join(f"{k}={recorded[k]!r}" for k in differs)
                          + "; resume it with the same settings (omit them to reuse the recorded ones) or start a new run")
+
+
+async def node_path(builder: StateGraph, name: str, run_id: str, store: Path) -> list[str]:
+    """The nodes a checkpointed run has run so far, oldest first (a fanned-out node once per task), read back from
+    its checkpoints: what a parent run shows of a sub-run, whether the sub-run ran now or had finished before."""
+    async with checkpointer(store) as saver:
+        graph = builder.compile(checkpointer=saver, name=name)
+        history = [snapshot async for snapshot in graph.aget_state_history({"configurable": {"thread_id": run_id}})]
+    return [node for snapshot in reversed(history) if snapshot.metadata.get("source") != "input" for node in snapshot.next]
 
 
 def episode_event(record: EpisodeRecord) -> dict:

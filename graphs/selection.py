@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from state.metrics import LABELS, fraction
+from state.metrics import LABELS, Metrics, fraction
 
 Rule = Literal["hera", "ecdysis"]
 GATE_LEVEL = 0.05
@@ -46,14 +46,14 @@ def gate_warning(pairs: int, level: float = GATE_LEVEL, what: str = "validation"
             "so no candidate can be adopted and the run will keep its starting harness")
 
 
-def _count(metrics: dict, name: str) -> str:
-    return f"{metrics['counts'].get(name, 0)}/{metrics['totals'].get(name, 0)}"
+def _count(metrics: Metrics, name: str) -> str:
+    return f"{metrics.counts.get(name, 0)}/{metrics.totals.get(name, 0)}"
 
 
-def judge(base: dict | None, candidate: dict | None, rule: Rule, level: float = GATE_LEVEL) -> tuple[bool, str, dict]:
+def judge(base: Metrics | None, candidate: Metrics | None, rule: Rule, level: float = GATE_LEVEL) -> tuple[bool, str, dict]:
     """Whether `candidate`'s scores may replace `base`'s under `rule`; the reason in words and the figures it used."""
     figures: dict = {"rule": rule, "split": SPLIT[rule], "level": level}
-    if not base or not candidate or not base.get("complete") or not candidate.get("complete"):
+    if not base or not candidate or not base.complete or not candidate.complete:
         return False, "its evaluation is incomplete (infrastructure errors)", figures
     figures["scores"] = {m: [_count(base, m), _count(candidate, m)] for m in SHOWN}
     change = {m: (fraction(base, m), fraction(candidate, m)) for m in SHOWN}
@@ -68,7 +68,7 @@ def judge(base: dict | None, candidate: dict | None, rule: Rule, level: float = 
         return False, f"a {SPLIT[rule]} score decreased ({where})", figures
     if not any(change[m][1] > change[m][0] for m in targets):
         return False, f"no {SPLIT[rule]} score improved ({where})", figures
-    before, after = base.get("per_pair") or {}, candidate.get("per_pair") or {}
+    before, after = base.per_pair, candidate.per_pair
     deltas = [sum(after[p][m] for m in targets) - sum(before[p][m] for m in targets) for p in before if p in after]
     wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
     p_value = sign_test(wins, losses)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from state.metrics import RunScores
 from state.records import Record, UsageRecord
 
 FailureKind = Literal["did_not_abstain", "ungrounded_abstain", "over_abstained", "wrong_answer", "forbidden_action", "turn_limit",
@@ -122,8 +123,8 @@ class LineageEntry(Record):
     spec: ModificationSpec | None = None
     diff: str = ""
     problems: tuple[str, ...] = ()
-    train: dict[str, Any] | None = None
-    validation: dict[str, Any] | None = None
+    train: RunScores | None = None
+    validation: RunScores | None = None
     adopted: bool = False
     reason: str = ""
     decision: dict[str, Any] = {}  # the figures the selection used (graphs.selection.judge)

@@ -133,12 +133,18 @@ def paired_difference(before: Metrics, after: Metrics, *, resamples: int = 2000,
     return out
 
 
-def fraction(metrics: dict, name: str) -> float:
-    """A stored metrics dict's score `name` as a fraction of its finished cells (0 when none)."""
-    return metrics["counts"].get(name, 0) / metrics["totals"][name] if metrics["totals"].get(name) else 0.0
+class RunScores(Metrics):
+    """An evaluation run's metrics with the run's id, as a lineage entry keeps them."""
+
+    run_id: str
 
 
-def over_abstains(metrics: dict) -> bool:
+def fraction(metrics: Metrics, name: str) -> float:
+    """The score `name` as a fraction of its finished cells (0 when none)."""
+    return metrics.counts.get(name, 0) / metrics.totals[name] if metrics.totals.get(name) else 0.0
+
+
+def over_abstains(metrics: Metrics) -> bool:
     """Whether a harness refuses feasible requests more often than it completes them: a warning in every report."""
     return fraction(metrics, "over_abstain") > fraction(metrics, "act")
 

@@ -49,8 +49,7 @@ def test_broken_spec_names_file_and_field(capsys, tmp_path):
     assert "items.json" in err and "[0].price" in err and "a real" in err
 
 
-def test_eval_rejects_a_bundle_with_a_broken_hook(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+def test_eval_rejects_a_bundle_with_a_broken_hook(capsys, tmp_path):
     bundle = tmp_path / "broken"
     shutil.copytree(Path(__file__).parent.parent / "harness" / "bundles" / "H0", bundle)
     (bundle / "hooks.py").write_text(
@@ -98,8 +97,7 @@ def test_episode_show_gives_tool_and_hook_errors_with_their_messages(capsys, tmp
                                         "error: hooks.py: Harness.finalize: raised KeyError: 'x'"]
 
 
-def test_a_ledger_that_is_not_sqlite_is_one_clear_error(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+def test_a_ledger_that_is_not_sqlite_is_one_clear_error(capsys, tmp_path):
     (tmp_path / "ledger.db").write_bytes(bytes(range(256)) * 64)
     expected = (f"error: {tmp_path / 'ledger.db'}: not a readable ledger (file is not a database); move it aside to start a new one "
                 "(every recorded run and episode is then forgotten) or restore it from a backup\n")

@@ -23,7 +23,6 @@ PAIR = "shop-reserve-drill"
 
 @pytest.fixture
 def runs(tmp_path, monkeypatch):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     return tmp_path
 

@@ -86,8 +86,7 @@ SETTINGS = {"rounds": 2, "proposers": 1, "batch_size": 1, "budget": 1, "max_refi
 
 
 @pytest.fixture
-def context(tmp_path, monkeypatch):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+def context(tmp_path):
     scripted.clear()
     yield models(make_catalog(tmp_path), tmp_path / "ledger.db")
     scripted.clear()
@@ -120,6 +119,12 @@ def test_rounds_grow_the_pool_by_a_batch_keep_validation_and_hide_the_bench(cont
     assert [r["harness"] for r in final["results"][:2]] == ["co-1-h1:H0", "co-1-h2:H0"]
     rejected = [e for e in final["lineage"].values() if e.parent_id]
     assert len(rejected) == 2 and all(not e.adopted and "no validation score improved" in e.reason for e in rejected)
+    # the thread shows each round's sub-runs and the nodes they ran, the same when a finished run is read again
+    assert [(s["round"], s["graph"], s["run"]) for s in final["steps"]] == [
+        (1, "env_evolution", "co-1-e1"), (1, "harness_evolution", "co-1-h1"), (2, "env_evolution", "co-1-e2"), (2, "harness_evolution", "co-1-h2")]
+    assert all(s["nodes"][0] == "environment_designer" and "screener" in s["nodes"] for s in final["steps"][::2])
+    assert all(s["nodes"][0] == "baseline" and s["nodes"][-1] == "selector" for s in final["steps"][1::2])
+    assert asyncio.run(api.run_coevolution("H0", context, run_id="co-1", **SETTINGS))[1]["steps"] == final["steps"]
 
 
 @pytest.mark.parametrize("env,growth,designs", [

@@ -152,8 +152,7 @@ def librarian(messages, tools):
 
 
 @pytest.fixture
-def context(tmp_path, monkeypatch):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+def context(tmp_path):
     scripted.clear()
     # the solver runs in H0 (text turns, no hook asks its model anything) so the scripted solver is one policy
     # tasks written whole by the proposer (`free`); `menu` tasks come from seeds (tests at the end)

@@ -34,8 +34,7 @@ INVALID = {**PRICE_MISSING, "state": [{"op": "set", "table": "no_such_table", "k
 
 
 @pytest.fixture
-def context(tmp_path, monkeypatch):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+def context(tmp_path):
     scripted.clear()
     yield Context(agent_model="scripted:agent", judge_model="scripted:judge", proposer_model="scripted:proposer",
                   reviewer_model="scripted:reviewer", proposals="free", catalog=str(FIXTURES), ledger=str(tmp_path / "ledger.db"))
@@ -111,8 +110,7 @@ def test_the_refinement_loop_is_bounded(context):
 
 
 @pytest.mark.parametrize("proposals", ["free", "menu"])
-def test_no_validation_or_bench_data_reaches_a_generation_role(tmp_path, monkeypatch, proposals):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+def test_no_validation_or_bench_data_reaches_a_generation_role(tmp_path, proposals):
     catalog = load_catalog()
     # menus are computed by certifying their options: two training pairs whose menus take seconds, not a minute
     train = (sorted(p for p, e in catalog.items() if e.pair.split == "train")[:2] if proposals == "free"

@@ -26,8 +26,7 @@ PAIR = "shop-reserve-drill"
 
 
 @pytest.fixture
-def context(tmp_path, monkeypatch):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+def context(tmp_path):
     scripted.clear()
     yield Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES),
                   ledger=str(tmp_path / "ledger.db"), max_infra_retries=1)

@@ -4,6 +4,7 @@ import importlib
 import json
 from pathlib import Path
 
+import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 
 from graphs.certify import builder
@@ -42,3 +43,28 @@ def test_a_hooks_lookup_passes_ids_it_read_as_text_in_the_types_the_tool_takes()
     tool = ToolInfo(name="get_user", description="", input_schema=schema, read_only=True)
     assert _typed(tool, {"user_id": "75", "ratio": "0.5", "code": "75"}) == {"user_id": 75, "ratio": 0.5, "code": "75"}
     assert _typed(tool, {"user_id": "U-75", "other": "1"}) == {"user_id": "U-75", "other": "1"}  # what does not read so stays
+
+
+@pytest.mark.parametrize("transport", ["memory", "stdio"])
+async def test_the_episode_graph_runs_on_its_own_given_a_pair_and_a_side_and_closes_what_it_opened(transport, tmp_path):
+    """As Studio runs it: no evaluation around it, the graph opens the pair's side itself."""
+    from graphs.episode import LIVE, graph
+    from roles.models import scripted
+    from state.context import EpisodeRequest
+    from tests.scripts import shop_agent
+
+    scripted.clear()
+    scripted.register("agent", [shop_agent] * 3)  # the act side: get_item, reserve, answer
+    context = Context(agent_model="scripted:agent", catalog=str(FIXTURES), ledger=str(tmp_path / "l.db"), env_transport=transport)
+    try:
+        out = await graph.ainvoke({"request": EpisodeRequest(pair_id="shop-reserve-drill", side="act", bundle="H0")},
+                                  {"configurable": {"thread_id": "studio"}}, context=context)
+        scripted.assert_consumed()
+    finally:
+        scripted.clear()
+    assert out["termination"] == "final_answer" and out["answer"].startswith("Reserved 2")
+    assert [(o.tool, o.ok) for o in out["observations"]] == [("get_item", True), ("reserve", True)]
+    assert not LIVE  # the session is closed and forgotten
+    with pytest.raises(KeyError):  # a pair the catalog does not hold fails the run, and leaves nothing open
+        await graph.ainvoke({"request": EpisodeRequest(pair_id="no-such-pair", side="act", bundle="H0")}, context=context)
+    assert not LIVE

@@ -51,8 +51,7 @@ CAUSE = {"cause": "It changes state without confirming the required facts.", "ev
 
 
 @pytest.fixture
-def context(tmp_path, monkeypatch):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+def context(tmp_path):
     scripted.clear()
     yield Context(agent_model="scripted:agent", judge_model="scripted:judge", analyst_model="scripted:analyst",
                   optimizer_model="scripted:optimizer", catalog=str(FIXTURES), ledger=str(tmp_path / "ledger.db"))
@@ -218,9 +217,9 @@ def test_one_block_end_to_end(context):
     scripted.assert_consumed("analyst")
     scripted.assert_consumed("optimizer")
     base, c1 = final["lineage"][f"{run_id}:H0"], final["lineage"][f"{run_id}:c1"]
-    assert (base.train["counts"]["abstain"], base.validation["counts"]["abstain"], base.validation["counts"]["pair"]) == (0, 0, 0)
+    assert (base.train.counts["abstain"], base.validation.counts["abstain"], base.validation.counts["pair"]) == (0, 0, 0)
     assert c1.problems == () and c1.parent_id == base.id and c1.spec == ModificationSpec.model_validate(SPEC)
-    assert (c1.train["counts"]["pair"], c1.validation["counts"]["abstain"], c1.validation["counts"]["pair"]) == (1, 1, 1)
+    assert (c1.train.counts["pair"], c1.validation.counts["abstain"], c1.validation.counts["pair"]) == (1, 1, 1)
     assert c1.adopted and final["selected"] == c1.id and "Pair (grounded) 0/1 → 1/1" in c1.reason
     assert c1.decision["wins"] == 1 and c1.decision["scores"]["abstain"] == ["0/1", "1/1"]
     assert "+- name: check_before_commit" in c1.diff and [u.role for u in c1.usage] == [
@@ -243,7 +242,7 @@ def test_serial_mode_edits_once_per_failure_without_review(context):
     assert c1.spec is None and [u.role for u in c1.usage] == ["failure_analyst", "harness_optimizer", "harness_optimizer"]
 
 
-def test_a_rejected_candidate_is_kept_in_the_lineage_with_why(context, monkeypatch):
+def test_a_rejected_candidate_is_kept_in_the_lineage_with_why(context):
     scripted.register("agent", [eager_agent] * 200)
     scripted.register("judge", [shop_judge] * 40)
     scripted.register("analyst", [CAUSE, SPEC])

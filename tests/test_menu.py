@@ -94,8 +94,7 @@ def test_a_choice_outside_the_menu_is_refused_by_the_response_format():
 
 
 @pytest.fixture
-def context(tmp_path, monkeypatch):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+def context(tmp_path):
     scripted.clear()
     yield Context(agent_model="scripted:agent", judge_model="scripted:judge", proposer_model="scripted:proposer",
                   reviewer_model="scripted:reviewer", catalog=str(FIXTURES), ledger=str(tmp_path / "ledger.db"))

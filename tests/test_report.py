@@ -42,8 +42,7 @@ def record_eval(ledger, run_id, outcomes, harness="h0"):
 
 
 @pytest.fixture
-def ledger(tmp_path, monkeypatch):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+def ledger(tmp_path):
     return Ledger(tmp_path / "ledger.db")
 
 
@@ -284,10 +283,9 @@ def test_transfer_matrix_over_two_scripted_models(ledger, tmp_path, capsys):
                                                ("Pair (grounded)", "0/1", "0.0")]
 
 
-def test_report_of_a_real_scripted_harness_evolution_block(tmp_path, monkeypatch, capsys):
+def test_report_of_a_real_scripted_harness_evolution_block(tmp_path, capsys):
     from tests.test_harness_evolution import CAUSE, EDIT, SPEC
 
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
     scripted.clear()
     scripted.register("agent", [eager_agent] * 200)
     scripted.register("judge", [shop_judge] * 40)

@@ -219,8 +219,7 @@ def test_ask_schema_stand_in_shows_the_exact_schema_and_validates():
 
 
 @pytest.fixture
-def context(tmp_path, monkeypatch):
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
+def context(tmp_path):
     scripted.clear()
     yield Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES),
                   ledger=str(tmp_path / "ledger.db"))

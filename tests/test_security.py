@@ -216,7 +216,7 @@ def custom_catalog(tmp_path: Path, extra: str) -> Path:
 
 
 @needs_namespaces
-def test_a_custom_catalogs_tools_never_run_in_the_evaluator(tmp_path, monkeypatch, capsys):
+def test_a_custom_catalogs_tools_never_run_in_the_evaluator(tmp_path, capsys):
 
 
     victim, marker = tmp_path / "victim.txt", tmp_path / "marker.txt"
@@ -228,7 +228,6 @@ def test_a_custom_catalogs_tools_never_run_in_the_evaluator(tmp_path, monkeypatc
         f"try:\n    os.remove({str(victim)!r})\nexcept OSError:\n    pass\n"
         f"try:\n    open({str(marker)!r}, 'w').write('ran')\nexcept OSError:\n    pass\n"
         f"try:\n    socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=2)\nexcept OSError:\n    pass\n"))
-    monkeypatch.setenv("HERA_RUNS", str(tmp_path / "runs"))
     base = ["--catalog", str(catalog), "--ledger", str(tmp_path / "ledger.db")]
     assert main([*base, "envs", "list", "--json"]) == 0
     assert {row["pair"] for row in json.loads(capsys.readouterr().out)} == {"shop-out-of-scope", "shop-reserve-drill", "shop-rescued"}

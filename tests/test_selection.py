@@ -3,7 +3,7 @@
 import pytest
 
 from graphs.harness_evolution import judge_candidate
-from state.metrics import score
+from state.metrics import RunScores, score
 from graphs.selection import gate_warning, judge, min_pairs, sign_test
 from state.evolution import LineageEntry
 from state.records import EpisodeKey, EpisodeRecord, Grade
@@ -17,21 +17,21 @@ def episode(pair, side, success=False, abstained=False, grounded=False):
     return EpisodeRecord(key=key, pair_id=pair, bundle="b", status="done", grade=grade)
 
 
-def scores(outcomes: dict[str, tuple[str, str]]) -> dict:
+def scores(outcomes: dict[str, tuple[str, str]]) -> RunScores:
     """Metrics from per-pair outcomes: act side `done|refused|failed`, abstain side `grounded|ungrounded|acted`."""
     records = []
     for pair, (act, abstain) in outcomes.items():
         records.append(episode(pair, "act", success=act == "done", abstained=act == "refused"))
         records.append(episode(pair, "abstain", success=abstain != "acted", abstained=abstain != "acted",
                                grounded=abstain == "grounded"))
-    return {**score(records, list(outcomes), 1).model_dump(), "run_id": "r"}
+    return RunScores(**score(records, list(outcomes), 1).model_dump(), run_id="r")
 
 
-def same(act: str, abstain: str, n: int = 6) -> dict:
+def same(act: str, abstain: str, n: int = 6) -> RunScores:
     return scores({p: (act, abstain) for p in PAIRS[:n]})
 
 
-def entry(name: str, validation: dict, train: dict | None = None) -> LineageEntry:
+def entry(name: str, validation: RunScores, train: RunScores | None = None) -> LineageEntry:
     return LineageEntry(id=f"run:{name}", bundle_id=name, parent_id=None if name == "H0" else "run:H0", run_id="run", path=".",
                         mode="fdcr", train=train or validation, validation=validation)
 
@@ -41,8 +41,8 @@ def test_the_measured_case_a_harness_that_refuses_everything_is_adopted_by_neith
     # HERA's raw Abstain rises (4/6 -> 6/6) and Act cannot drop from 0, but Over-abstain rises.
     base = scores({p: ("failed", "ungrounded" if i < 4 else "acted") for i, p in enumerate(PAIRS)})
     refusing = same("refused", "ungrounded")
-    assert (base["counts"]["abstain_raw"], refusing["counts"]["abstain_raw"]) == (4, 6)
-    assert (base["counts"]["abstain"], refusing["counts"]["abstain"]) == (0, 0)
+    assert (base.counts["abstain_raw"], refusing.counts["abstain_raw"]) == (4, 6)
+    assert (base.counts["abstain"], refusing.counts["abstain"]) == (0, 0)
     for rule in ("hera", "ecdysis"):
         ok, reason, figures = judge_candidate(entry("H0", base), entry("c1", refusing), rule)
         assert not ok and reason.startswith("Over-abstain rose")
@@ -129,7 +129,7 @@ def test_sign_test():
 
 def test_incomplete_evaluation_and_checks_problems_are_reasons():
     base = same("done", "grounded")
-    incomplete = {**base, "complete": False}
+    incomplete = base.model_copy(update={"complete": False})
     assert judge(base, incomplete, "hera")[:2] == (False, "its evaluation is incomplete (infrastructure errors)")
     broken = entry("c1", base).model_copy(update={"problems": ("leakage",)})
     assert judge_candidate(entry("H0", base), broken, "hera")[:2] == (False, "failed its checks: leakage")

@@ -1,0 +1,77 @@
+"""The protocols the CLI drives, called as a program would: resuming an evaluation's request, one harness across
+models, a preset's protocol and the compared methods on it."""
+
+import asyncio
+
+import pytest
+
+from envs.catalog import CATALOG, split_pairs
+from graphs import api
+from graphs.coevolution import PRESETS
+from roles.models import scripted
+from state.context import ConfigError, Context
+from state.ledger import Ledger
+from tests.conftest import FIXTURES
+from tests.scripts import eager_agent, shop_agent, shop_judge
+
+PAIR = "shop-reserve-drill"
+
+
+@pytest.fixture
+def context(tmp_path):
+    scripted.clear()
+    yield Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES), ledger=str(tmp_path / "l.db"))
+    scripted.clear()
+
+
+def test_a_resumed_request_takes_what_is_given_else_what_the_run_recorded_else_the_defaults(context):
+    assert api.resume_request(None, context) == {"pair_ids": None, "bundle": "H0", "trials": 1, "seed": 0, "model": "local", "judge": None}
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    run_id, _ = asyncio.run(api.evaluate("H0", [PAIR], context, seed=3))
+    recorded = {"pair_ids": [PAIR], "bundle": "H0", "trials": 1, "seed": 3, "model": "scripted:agent", "judge": "scripted:judge"}
+    assert api.resume_request(run_id, context) == recorded
+    assert api.resume_request(run_id, context, seed=0, model="scripted:other", pair_ids=[]) == recorded | {"seed": 0, "model": "scripted:other"}
+    assert api.resume_request("no-such-run", context, trials=2)["trials"] == 2
+
+
+def test_one_harness_across_models_with_the_judge_fixed(context):
+    scripted.register("careful", [shop_agent] * 5)
+    scripted.register("eager", [eager_agent] * 6)
+    scripted.register("judge", [shop_judge] * 2)
+    seen = []
+    results = asyncio.run(api.transfer("H0", [PAIR], ["scripted:careful", "scripted:eager"], context, judge="scripted:judge",
+                                       on_episode=lambda model, record: seen.append((model, record.key.side))))
+    scripted.assert_consumed()
+    assert [(model, m.counts["pair"], m.counts["act"]) for model, _, m in results] == [("scripted:careful", 1, 1), ("scripted:eager", 0, 1)]
+    ledger = Ledger(context.ledger)
+    assert [(ledger.run(r)["model"], ledger.run(r)["judge"]) for _, r, _ in results] == [("scripted:careful", "scripted:judge"),
+                                                                                         ("scripted:eager", "scripted:judge")]
+    assert sorted(seen) == sorted([(m, side) for m in ("scripted:careful", "scripted:eager") for side in ("act", "abstain")])
+
+
+def test_a_protocol_is_the_preset_with_the_overrides_and_the_catalogs_splits_in_order():
+    settings, pairs = api.protocol("quick", str(CATALOG), validation=3, bench=0, rounds=None, nonsense=7)
+    assert pairs == {"train": split_pairs("train")[:2], "validation": split_pairs("validation")[:3], "bench": []}
+    assert settings == {k: v for k, v in PRESETS["quick"].items() if k not in pairs}
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        api.protocol("huge", str(CATALOG))
+    with pytest.raises(ConfigError, match="training and validation pairs"):
+        api.protocol("quick", str(FIXTURES))  # the fixture catalog has training pairs only
+
+
+def test_compared_methods_run_in_order_with_their_events_and_an_unknown_one_runs_nothing(context):
+    settings = {"max_turns": 4}
+    pairs = {"train": [PAIR], "validation": [PAIR], "bench": [PAIR]}
+    with pytest.raises(ConfigError, match="unknown configuration"):
+        asyncio.run(api.compare(["h0", "nonsense"], settings, pairs, context))
+    assert not Ledger(context.ledger).runs()
+    scripted.register("agent", [shop_agent] * 5 + [eager_agent] * 6)
+    scripted.register("judge", [shop_judge] * 2)
+    events = []
+    results = asyncio.run(api.compare(["h0", "h0-abstain-prompt"], settings, pairs, context, run_id="cmp",
+                                      on_event=lambda name, node, value: events.append((name, node, value["side"]))))
+    scripted.assert_consumed()
+    assert {name: (r["run_id"], r["harness"], r["bench"]["counts"]["pair"]) for name, r in results.items()} == {
+        "h0": ("cmp-h0", "H0", 1), "h0-abstain-prompt": ("cmp-h0-abstain-prompt", "H0-abstain-prompt", 0)}
+    assert [e[:2] for e in events] == [("h0", "episode")] * 2 + [("h0-abstain-prompt", "episode")] * 2
