@@ -123,7 +123,7 @@ def public_context(entry) -> str:
 async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "close"]]:
     """Opens the episode's environment (unless `run_episode` did) and harness; writes `messages`, `turns`,
     `harness_hash`, and `episode_id` when it was not given."""
-    request, ctx = state["request"], runtime.context
+    request, ctx = EpisodeRequest.model_validate(state["request"]), runtime.context  # from Studio, a dict
     episode_id = state.get("episode_id") or f"{request.pair_id}/{request.side}/{uuid.uuid4().hex[:8]}"
     live = LIVE.get(episode_id) or await _open_own(request, ctx, episode_id)
     try:

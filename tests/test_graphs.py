@@ -57,7 +57,7 @@ async def test_the_episode_graph_runs_on_its_own_given_a_pair_and_a_side_and_clo
     scripted.register("agent", [shop_agent] * 3)  # the act side: get_item, reserve, answer
     context = Context(agent_model="scripted:agent", catalog=str(FIXTURES), ledger=str(tmp_path / "l.db"), env_transport=transport)
     try:
-        out = await graph.ainvoke({"request": EpisodeRequest(pair_id="shop-reserve-drill", side="act", bundle="H0")},
+        out = await graph.ainvoke({"request": {"pair_id": "shop-reserve-drill", "side": "act", "bundle": "H0"}},  # as JSON gives it
                                   {"configurable": {"thread_id": "studio"}}, context=context)
         scripted.assert_consumed()
     finally:
