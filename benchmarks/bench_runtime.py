@@ -81,7 +81,7 @@ async def throughput(concurrency: int, latency_s: float, turns: int, waves: int,
                   ledger=str(tmp / f"ledger-{concurrency}-{waves}-{gc.get_freeze_count()}.db"))  # no reuse between runs
     start, cpu = time.perf_counter(), time.process_time()
     # both sides of the pair, so trials × 2 = episodes
-    _, metrics = await api.evaluate("H0", [PAIR], ctx, trials=episodes // 2, concurrency=concurrency)
+    metrics = (await api.evaluate("H0", [PAIR], ctx, trials=episodes // 2, concurrency=concurrency)).metrics
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     if not metrics.complete:
         raise SystemExit(f"concurrency {concurrency}: only {metrics.finished}/{metrics.planned} episodes finished "

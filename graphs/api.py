@@ -1,7 +1,8 @@
 """The programmatic API: every graph compiled with persistence and run by run id (through `graphs.runner`),
 resumable after a crash.
 
-    run_id, metrics = asyncio.run(evaluate("H0", ["weather-la-precip-missing"], Context(agent_model="local")))
+    run = asyncio.run(evaluate("H0", ["weather-la-precip-missing"], Context(agent_model="local")))
+    print(run.run_id, run.metrics.percent)
 """
 
 from __future__ import annotations
@@ -35,25 +36,7 @@ __all__ = ["build_environment", "checkpointed_runs", "compare", "episode_event",
 evolve_harness = run_harness_evolution  # one harness-evolution block: (run id, final state with lineage and selected)
 evolve_envs = run_env_evolution  # environment evolution: (run id, final state with outcomes, screenings, admitted)
 build_environment = run_construct  # construction from a theme: (run id, final state with status, kept, pairs_written)
-
-
-async def evaluate(
-    bundle: str,
-    pair_ids: list[str],
-    context: Context,
-    *,
-    trials: int = 1,
-    seed: int = 0,
-    concurrency: int = 1,
-    run_id: str | None = None,
-    on_episode: Callable[[EpisodeRecord], None] | None = None,
-    sides: list[str] | None = None,
-) -> tuple[str, Metrics]:
-    """Runs (or resumes, given the id of an interrupted run) an evaluation; the run id and its metrics
-    (`graphs.runner.evaluate` gives its episode records too)."""
-    run = await runner.evaluate(bundle, pair_ids, context, trials=trials, seed=seed, concurrency=concurrency, run_id=run_id,
-                                on_episode=on_episode, sides=sides)
-    return run.run_id, run.metrics
+evaluate = runner.evaluate  # an evaluation run (or resumed): its id, metrics and episode records (`runner.Evaluation`)
 
 
 def resume_request(run_id: str | None, context: Context, **given) -> dict:

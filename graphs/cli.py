@@ -504,8 +504,9 @@ def run_eval(args: argparse.Namespace) -> int:
         def advance(record: EpisodeRecord) -> None:
             bars.update(bar, advance=1, description=f"{args.harness} × {args.model} · {record.pair_id}/{record.key.side} {mark(record)}")
 
-        run_id, metrics = asyncio.run(api.evaluate(args.harness, pair_ids, context, trials=args.trials, seed=args.seed,
-                                                   concurrency=args.concurrency, run_id=args.run_id, on_episode=advance))
+        run = asyncio.run(api.evaluate(args.harness, pair_ids, context, trials=args.trials, seed=args.seed,
+                                       concurrency=args.concurrency, run_id=args.run_id, on_episode=advance))
+    run_id, metrics = run.run_id, run.metrics
     if args.json:
         print(json.dumps({"run_id": run_id, "metrics": metrics.model_dump()}, indent=1))
     else:

@@ -28,7 +28,8 @@ def test_a_resumed_request_takes_what_is_given_else_what_the_run_recorded_else_t
     assert api.resume_request(None, context) == {"pair_ids": None, "bundle": "H0", "trials": 1, "seed": 0, "model": "local", "judge": None}
     scripted.register("agent", [shop_agent] * 5)
     scripted.register("judge", [shop_judge] * 2)
-    run_id, _ = asyncio.run(api.evaluate("H0", [PAIR], context, seed=3))
+    run = asyncio.run(api.evaluate("H0", [PAIR], context, seed=3))
+    run_id = run.run_id
     recorded = {"pair_ids": [PAIR], "bundle": "H0", "trials": 1, "seed": 3, "model": "scripted:agent", "judge": "scripted:judge"}
     assert api.resume_request(run_id, context) == recorded
     assert api.resume_request(run_id, context, seed=0, model="scripted:other", pair_ids=[]) == recorded | {"seed": 0, "model": "scripted:other"}

@@ -34,7 +34,8 @@ def context(tmp_path):
 
 
 def evaluate(context, **kw):
-    return asyncio.run(api.evaluate("H0", [PAIR], context, **kw))
+    run = asyncio.run(api.evaluate("H0", [PAIR], context, **kw))
+    return run.run_id, run.metrics
 
 
 def test_both_sides_graded_and_scored_exactly(context):
@@ -198,7 +199,8 @@ def test_hooks_steer_the_episode(context, tmp_path):
     scripted.register("agent", [reckless] * 3 + [{"complete": True}] + [reckless] * 3 + [{"complete": False}])
     scripted.register("judge", [shop_judge] * 2)
     context = Context(**{**context.__dict__, "agent_model": "scripted:agent"})
-    run_id, m = asyncio.run(api.evaluate(str(bundle), [PAIR], context))
+    run = asyncio.run(api.evaluate(str(bundle), [PAIR], context))
+    run_id, m = run.run_id, run.metrics
     episodes = {e.key.side: e for e in Ledger(context.ledger).episodes(run_id)}
     abstain = episodes["abstain"]
     assert [o.tool for o in abstain.observations] == ["get_item"]
@@ -263,13 +265,15 @@ def test_a_turn_budget_caps_every_episode_and_keys_the_cache(context):
 
     scripted.register("agent", [shop_agent] * 20)
     scripted.register("judge", [shop_judge] * 4)
-    run_id, metrics = asyncio.run(api.evaluate("H0", ["shop-reserve-drill"], replace(context, max_turns=1)))
+    run = asyncio.run(api.evaluate("H0", ["shop-reserve-drill"], replace(context, max_turns=1)))
+    run_id, metrics = run.run_id, run.metrics
     capped = {e.key.side: e for e in Ledger(context.ledger).episodes(run_id)}
     # the first turn already calls a tool; with a budget of one turn the episode ends there, unanswered
     assert {s: (e.termination, len([m for m in e.messages if m["type"] == "ai"])) for s, e in capped.items()} == {
         "act": ("turn_limit", 1), "abstain": ("turn_limit", 1)}
     assert all(e.key.max_turns == 1 for e in capped.values()) and metrics.counts["act"] == 0
-    run_id, _ = asyncio.run(api.evaluate("H0", ["shop-reserve-drill"], context))
+    run = asyncio.run(api.evaluate("H0", ["shop-reserve-drill"], context))
+    run_id = run.run_id
     free = {e.key.side: e for e in Ledger(context.ledger).episodes(run_id)}
     # without the budget the same episodes are new rollouts, not the capped ones from the cache
     assert {s: e.termination for s, e in free.items()} == {"act": "final_answer", "abstain": "final_answer"}
@@ -285,7 +289,8 @@ def test_structured_turns_and_compact_results_leave_grading_untouched(context, t
                                 {"tool": "reserve", "arguments": {"sku": "DR-220", "qty": 2}},
                                 {"final_answer": "Reserved 2 cordless drills at $89.00 each."}])
     scripted.register("judge", [shop_judge])
-    run_id, m = asyncio.run(api.evaluate(str(bundle), [PAIR], context, sides=["act"]))
+    run = asyncio.run(api.evaluate(str(bundle), [PAIR], context, sides=["act"]))
+    run_id, m = run.run_id, run.metrics
     scripted.assert_consumed()
     [act] = Ledger(context.ledger).episodes(run_id)
     listed = act.observations[0]
@@ -304,7 +309,8 @@ def test_a_turn_outside_the_grammar_is_an_infrastructure_error_and_is_run_again(
                                 {"tool": "reserve", "arguments": {"sku": "DR-220", "qty": 2}},
                                 {"final_answer": "Reserved 2 cordless drills at $89.00 each."}])
     scripted.register("judge", [shop_judge])
-    run_id, m = asyncio.run(api.evaluate(str(bundle), [PAIR], context, sides=["act"]))
+    run = asyncio.run(api.evaluate(str(bundle), [PAIR], context, sides=["act"]))
+    run_id, m = run.run_id, run.metrics
     attempts = Ledger(context.ledger).attempts(run_id)
     assert [a["status"] for a in attempts] == ["infrastructure_error", "done"] and "malformed" in attempts[0]["error"]
     assert m.counts["act"] == 1 and m.totals["act"] == 1
@@ -341,7 +347,7 @@ def test_two_concurrent_evaluations_run_each_episode_once(context, monkeypatch):
     async def both():
         return await asyncio.gather(api.evaluate("H0", [PAIR], context, run_id="one"), api.evaluate("H0", [PAIR], context, run_id="two"))
 
-    (_, one), (_, two) = asyncio.run(both())
+    one, two = (run.metrics for run in asyncio.run(both()))
     scripted.assert_consumed()
     assert waited.is_set()
     assert one == two and one.complete and one.counts["pair"] == 1
@@ -398,7 +404,8 @@ def test_a_hook_error_is_stored_with_its_message_and_shown(context, tmp_path, ca
                                           "        return Decision()\n")
     scripted.register("agent", [shop_agent] * 2)  # each side's first turn calls get_item; the hook fails; no answer to judge
     scripted.register("judge", [])
-    run_id, m = asyncio.run(api.evaluate(bundle, [PAIR], context))
+    run = asyncio.run(api.evaluate(bundle, [PAIR], context))
+    run_id, m = run.run_id, run.metrics
     scripted.assert_consumed()
     episodes = Ledger(context.ledger).episodes(run_id)
     where = f"{bundle}/hooks.py: Harness.before_tool_call: raised RuntimeError: quota exceeded\nTraceback"
@@ -431,7 +438,8 @@ def test_a_tool_that_crashes_is_an_environment_fault_not_scored_nor_run_again(co
         f.write(STOCK_REPORT)
     scripted.register("agent", [{"tool_calls": [call]}] * 2)  # one turn a side: the episode ends at the fault
     scripted.register("judge", [])
-    run_id, m = asyncio.run(api.evaluate("H0", [PAIR], Context(**{**context.__dict__, "catalog": str(catalog)})))
+    run = asyncio.run(api.evaluate("H0", [PAIR], Context(**{**context.__dict__, "catalog": str(catalog)})))
+    run_id, m = run.run_id, run.metrics
     scripted.assert_consumed()  # and not re-run: the same call fails the same way
     attempts = Ledger(context.ledger).attempts(run_id)
     assert [(a["side"], a["status"], a["error"]) for a in attempts] == [
@@ -449,7 +457,8 @@ def test_a_hook_lookup_of_a_crashing_tool_is_an_environment_fault(context, tmp_p
                                            "        return Decision()\n")
     scripted.register("agent", [shop_agent] * 2)
     scripted.register("judge", [])
-    run_id, m = asyncio.run(api.evaluate(bundle, [PAIR], Context(**{**context.__dict__, "max_infra_retries": 0})))
+    run = asyncio.run(api.evaluate(bundle, [PAIR], Context(**{**context.__dict__, "max_infra_retries": 0})))
+    run_id, m = run.run_id, run.metrics
     scripted.assert_consumed()
     errors = {a["side"]: a["error"] for a in Ledger(context.ledger).attempts(run_id)}
     assert errors == {side: 'environment fault: sneaky_read({"sku": "DR-220"}): sneaky_read failed: '
@@ -471,7 +480,8 @@ def test_hook_answers_and_results_are_capped_before_storage_and_the_judge(contex
 
     scripted.register("agent", [look_then_answer] * 4)
     scripted.register("judge", [lambda messages, schema: judged.append(messages[-1].content) or shop_judge(messages, schema)] * 2)
-    run_id, _ = asyncio.run(api.evaluate(bundle, [PAIR], context))
+    run = asyncio.run(api.evaluate(bundle, [PAIR], context))
+    run_id = run.run_id
     answer = "I cannot. " + "x" * (MAX_TEXT - 10) + "\n[... truncated by hera: 1,000,010 characters, the first 65,536 kept]"
     episodes = Ledger(context.ledger).episodes(run_id)
     assert [e.answer for e in episodes] == [answer, answer]

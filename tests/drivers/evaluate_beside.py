@@ -59,7 +59,7 @@ def main(ledger: str, log_path: str, run_id: str) -> None:
     scripted.register("agent", [agent] * 5)
     scripted.register("judge", [judge] * 2)
     context = Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES), ledger=ledger)
-    _, metrics = asyncio.run(api.evaluate("H0", ["shop-reserve-drill"], context, run_id=run_id))
+    metrics = asyncio.run(api.evaluate("H0", ["shop-reserve-drill"], context, run_id=run_id)).metrics
     print(metrics.model_dump_json())
 
 
