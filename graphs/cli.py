@@ -456,8 +456,7 @@ def add_envs_build(envs: argparse._SubParsersAction) -> None:
     build.add_argument("--max-refinements", type=non_negative_int, default=1, help="refinement rounds per twin proposal")
     build.add_argument("--proposer-model", type=model_spec, help="mutation proposer (default: --model)")
     build.add_argument("--reviewer-model", type=model_spec, help="task, semantic and rescue reviewers (default: --model)")
-    build.add_argument("--run-id", help="resume this build")
-    build.add_argument("--json", action="store_true")
+    run_options(build, turns=None, resume="resume this build")  # its --max-turns is the solver's, above
     build.set_defaults(run=envs_build)
     imp = envs.add_parser("import", help="a suite (db.json, tasks.json, tools.json) as an environment with a tools.py skeleton and tasks/")
     imp.add_argument("src", metavar="SRC", help="the suite's directory")
@@ -916,8 +915,7 @@ def _add_report_parsers(top) -> None:
     tr.add_argument("--limit", type=positive_int, help="only the first N pairs")
     tr.add_argument("--trials", type=positive_int, default=1)
     tr.add_argument("--seed", type=non_negative_int, default=0)
-    tr.add_argument("--concurrency", type=positive_int, default=1)
-    tr.add_argument("--retries", type=non_negative_int, default=2, help="re-runs of an episode after an infrastructure error")
+    episode_options(tr)
     tr.add_argument("--out", help="directory (default: runs/reports/transfer-<id>)")
     tr.add_argument("--json", action="store_true")
     tr.set_defaults(run=transfer)
@@ -999,8 +997,7 @@ def compare(args: argparse.Namespace) -> int:
 def _add_coevolution_parsers(top) -> None:
     def protocol(sub) -> None:
         sub.add_argument("--preset", default="quick", choices=list(PRESETS), help="pool sizes and budgets (default: quick)")
-        sub.add_argument("--model", default="local", type=model_spec, help="every role's model")
-        sub.add_argument("--judge-model", type=model_spec)
+        model_options(sub)
         overrides = {"train": "training pairs at the start", "validation": "validation pairs", "bench": "bench pairs scored at the end",
                      "rounds": "co-evolution rounds", "proposers": "mutation proposals per design round",
                      "batch_size": "pairs per screened batch", "candidates": "harness candidates per block",
@@ -1010,8 +1007,7 @@ def _add_coevolution_parsers(top) -> None:
         sub.add_argument("--tau", type=share, help="batch admission threshold (default 0.4)")
         sub.add_argument("--gate-level", type=level, help=f"the selection gate's sign-test level (default {GATE_LEVEL:g})")
         sub.add_argument("--proposals", choices=PROPOSALS, default="menu", help=PROPOSALS_HELP)
-        sub.add_argument("--run-id", help="resume this run")
-        sub.add_argument("--json", action="store_true")
+        run_options(sub, turns=None)  # --max-turns is one of the preset's settings above
 
     co = top.add_parser("coevolve", help="the HERA loop: rounds of environment then harness evolution, scored on the bench, with a report")
     co.add_argument("--config", default="coevolution", choices=list(CONFIGS), help="the method (default: coevolution)")
@@ -1048,6 +1044,29 @@ def add_serve(top: argparse._SubParsersAction) -> None:
     sv.set_defaults(run=serve)
 
 
+def model_options(sub: argparse.ArgumentParser, *roles: tuple[str, str], default: str | None = "local",
+                  model_help: str = "local | openai:<model> | scripted:<name> (default local)") -> None:
+    """--model (every role's model), --judge-model and the given roles' own flags, each defaulting to --model."""
+    sub.add_argument("--model", default=default, type=model_spec, help=model_help)
+    sub.add_argument("--judge-model", type=model_spec, help="model of the abstention judge (default: --model)")
+    for flag, what in roles:
+        sub.add_argument(flag, type=model_spec, help=f"{what} (default: --model)")
+
+
+def episode_options(sub: argparse.ArgumentParser) -> None:
+    """How an evaluation's episodes run: at once, and re-run after an infrastructure error."""
+    sub.add_argument("--concurrency", type=positive_int, default=1)
+    sub.add_argument("--retries", type=non_negative_int, default=2, help="re-runs of an episode after an infrastructure error")
+
+
+def run_options(sub: argparse.ArgumentParser, turns: str | None = "every episode's", resume: str = "resume this run") -> None:
+    """A long command's --max-turns (when its episodes take one), --run-id and --json."""
+    if turns:
+        sub.add_argument("--max-turns", type=positive_int, help=f"a cap on {turns} turns (default: the harness's own limit)")
+    sub.add_argument("--run-id", help=resume)
+    sub.add_argument("--json", action="store_true")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hera", description="Harness–environment co-evolution for agentic abstention.")
     p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one); every command that reads pairs also takes it")
@@ -1082,15 +1101,11 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", default="bench", choices=["train", "validation", "bench"])
     ev.add_argument("--pairs", nargs="+", type=pair_id, action=Distinct, help="pair ids (default: the whole split)")
     ev.add_argument("--limit", type=positive_int, help="only the first N pairs")
-    ev.add_argument("--model", type=model_spec, help="local | openai:<model> | scripted:<name> (default local, or the resumed run's)")
-    ev.add_argument("--judge-model", type=model_spec, help="model of the abstention judge (default: --model)")
+    model_options(ev, default=None, model_help="local | openai:<model> | scripted:<name> (default local, or the resumed run's)")
     ev.add_argument("--trials", type=positive_int, help="trials per pair and side (default 1)")
     ev.add_argument("--seed", type=non_negative_int)
-    ev.add_argument("--concurrency", type=positive_int, default=1)
-    ev.add_argument("--retries", type=non_negative_int, default=2, help="re-runs of an episode after an infrastructure error")
-    ev.add_argument("--max-turns", type=positive_int, help="a cap on every episode's turns (default: the harness's own limit)")
-    ev.add_argument("--run-id", help="resume this run (its recorded harness, pairs, trials, seed and models)")
-    ev.add_argument("--json", action="store_true")
+    episode_options(ev)
+    run_options(ev, resume="resume this run (its recorded harness, pairs, trials, seed and models)")
     ev.set_defaults(run=run_eval)
     runs = top.add_parser("runs", help="evaluation runs").add_subparsers(dest="runs_command", required=True)
     rl = runs.add_parser("list")
@@ -1126,20 +1141,12 @@ def parser() -> argparse.ArgumentParser:
     evo.add_argument("--rule", default="hera", choices=["hera", "ecdysis"], help="selection rule")
     evo.add_argument("--gate-level", type=level, default=GATE_LEVEL,
                      help=f"the selection gate's sign-test level (default {GATE_LEVEL:g}; it needs at least {min_pairs()} pairs)")
-    evo.add_argument("--model", default="local", type=model_spec)
-    evo.add_argument("--judge-model", type=model_spec)
-    evo.add_argument("--analyst-model", type=model_spec, help="failure analyst and review roles (default: --model)")
-    evo.add_argument("--optimizer-model", type=model_spec, help="the coding agent (default: --model)")
-    evo.add_argument("--max-turns", type=positive_int, help="a cap on every episode's turns (default: the harness's own limit)")
-    evo.add_argument("--run-id", help="resume this run")
-    evo.add_argument("--json", action="store_true")
+    model_options(evo, ("--analyst-model", "failure analyst and review roles"), ("--optimizer-model", "the coding agent"))
+    run_options(evo)
     evo.set_defaults(run=evolve_harness)
     ee = top.add_parser("evolve-envs", help="grow the training pool: mutation proposals → review → certification → batch screening")
     ee.add_argument("--diagnosis", required=True, help="a Diagnosis JSON file, or an evaluation run on training pairs")
-    ee.add_argument("--model", default="local", type=model_spec)
-    ee.add_argument("--judge-model", type=model_spec)
-    ee.add_argument("--proposer-model", type=model_spec, help="environment designer and mutation proposers (default: --model)")
-    ee.add_argument("--reviewer-model", type=model_spec, help="semantic and rescue reviewers (default: --model)")
+    model_options(ee, ("--proposer-model", "environment designer and mutation proposers"), ("--reviewer-model", "semantic and rescue reviewers"))
     ee.add_argument("--proposals", choices=PROPOSALS, default="menu", help=PROPOSALS_HELP)
     ee.add_argument("--harness", default="H0", help="the current harness, which screens each batch")
     ee.add_argument("--parents", nargs="+", type=pair_id, action=Distinct, help="training pairs to mutate (default: the first --pool-size of the train split)")
@@ -1151,9 +1158,7 @@ def parser() -> argparse.ArgumentParser:
     ee.add_argument("--tau", type=share, default=0.4, help="admit a batch when the harness fails to abstain on this share of it")
     ee.add_argument("--batches", type=positive_int, default=1, help="batches to admit")
     ee.add_argument("--budget", type=positive_int, default=3, help="design rounds at most")
-    ee.add_argument("--max-turns", type=positive_int, help="a cap on every screening episode's turns (default: the harness's own limit)")
-    ee.add_argument("--run-id", help="resume this run")
-    ee.add_argument("--json", action="store_true")
+    run_options(ee, turns="every screening episode's")
     ee.set_defaults(run=evolve_envs)
     lin = top.add_parser("lineage", help="the lineage tree of harness evolution runs, with scores")
     lin.add_argument("run_id", nargs="?", metavar="RUN")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from langgraph_sdk import get_client
+from pydantic import ValidationError
 
 from envs.catalog import catalog_problems, load_catalog
 from envs.certify import certify
@@ -131,7 +132,9 @@ def test_announced_url_reads_the_banner_port():
     assert announced_url("- 📚 API Docs: http://127.0.0.1:37585/docs") is None
 
 
-async def test_episode_graph_alone_points_to_evaluate():
-    request = {"pair_id": "shop-reserve-drill", "side": "act", "bundle": "H0"}
-    with pytest.raises(RuntimeError, match="episode 'e1' has no open environment.*run the `evaluate` graph instead"):
-        await episode_graph.ainvoke({"request": request, "episode_id": "e1"}, context=Context(catalog=str(FIXTURES)))
+async def test_an_episode_request_without_a_side_is_refused_naming_the_field_before_anything_opens():
+    from graphs.episode import LIVE
+
+    with pytest.raises(ValidationError, match=r"side\n  Field required"):
+        await episode_graph.ainvoke({"request": {"pair_id": "shop-reserve-drill", "bundle": "H0"}}, context=Context(catalog=str(FIXTURES)))
+    assert not LIVE
