@@ -8,6 +8,15 @@
    time at zero overhead). Goal: at least 90% of ideal at 64. Each level runs
    twice, with Python's default garbage collector settings and with the
    tuning `hera eval` applies (`graphs.api.tune_gc`).
+3. Against bare LangGraph: the same episodes (same scripted latency and
+   turns, the same tool code on a fresh SQLite state per episode) through a
+   two-node LangGraph agent (a model node and the prebuilt `ToolNode`) with
+   the tool in process, at each concurrency: CPU per episode and share of
+   ideal, ours (the evaluate graph: ledger, grading, judge) beside it.
+   Goal: our CPU per episode at most 2× bare LangGraph's.
+
+The machine's load average before and after the run is printed with the
+results: a loaded machine lowers every share of ideal.
 
     python benchmarks/bench_runtime.py [--latency-ms 200] [--turns 5] [--json]
 """
@@ -23,10 +32,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
 from rich.console import Console
 from rich.table import Table
 
+from envs.catalog import load_entry, side_env
+from envs.runtime import EnvInstance
 from graphs import api
 from graphs.episode import run_episode
 from roles.models import scripted
@@ -92,6 +107,54 @@ async def throughput(concurrency: int, latency_s: float, turns: int, waves: int,
             "ideal_eps_per_s": ideal, "of_ideal_pct": 100 * actual / ideal, "cpu_ms_per_episode": 1e3 * cpu / metrics.finished}
 
 
+@tool
+def get_item(sku: str, config: RunnableConfig) -> dict:
+    """Returns an item's name, price and stock."""
+    return config["configurable"]["env"].call("get_item", {"sku": sku}).output
+
+
+def bare_agent(latency_s: float, turns: int):
+    """A bare LangGraph tool-calling agent: a model node (the same scripted latency and turns as `slow_agent`) and
+    the prebuilt ToolNode, the tool in process."""
+
+    async def model(state: MessagesState) -> dict:
+        await asyncio.sleep(latency_s)
+        done = sum(isinstance(m, ToolMessage) for m in state["messages"])
+        if done < turns - 1:
+            return {"messages": [AIMessage("", tool_calls=[{"name": "get_item", "args": {"sku": "DR-220"}, "id": f"call-{done}"}])]}
+        return {"messages": [AIMessage("The drill costs $89.00.")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", model)
+    builder.add_node("tools", ToolNode([get_item]))
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", tools_condition)
+    builder.add_edge("tools", "model")
+    return builder.compile()
+
+
+async def bare(concurrency: int, latency_s: float, turns: int, waves: int) -> dict:
+    episodes, graph = concurrency * waves, bare_agent(latency_s, turns)
+    spec = side_env(load_entry(PAIR, str(FIXTURES)), "act")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def episode() -> None:
+        async with gate:
+            env = EnvInstance(spec)  # a fresh state per episode, as ours
+            try:
+                out = await graph.ainvoke({"messages": [HumanMessage("What does the drill cost?")]}, {"configurable": {"env": env}})
+            finally:
+                env.close()
+            assert out["messages"][-1].content.startswith("The drill costs")
+
+    start, cpu = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(episode() for _ in range(episodes)))
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    ideal = concurrency / (turns * latency_s)
+    return {"concurrency": concurrency, "episodes": episodes, "wall_s": wall, "eps_per_s": episodes / wall,
+            "of_ideal_pct": 100 * episodes / wall / ideal, "cpu_ms_per_episode": 1e3 * cpu / episodes}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--latency-ms", type=float, default=200)
@@ -102,6 +165,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     latency = args.latency_ms / 1000
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["HERA_RUNS"] = tmp
         result = {"overhead": asyncio.run(overhead(latency, args.turns, args.repeats)), "throughput": []}
@@ -113,6 +177,9 @@ def main() -> None:
                 if tuned:
                     api.tune_gc()
                 result["throughput"].append(asyncio.run(throughput(c, latency, args.turns, args.waves, Path(tmp))))
+        asyncio.run(bare(2, latency, args.turns, 1))  # warm-up
+        result["bare"] = [asyncio.run(bare(c, latency, args.turns, args.waves)) for c in args.concurrency]
+    result["load_average"] = {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}
     if args.json:
         print(json.dumps(result, indent=1))
         return
@@ -127,6 +194,18 @@ def main() -> None:
         table.add_row(str(t["concurrency"]), t["gc"], str(t["episodes"]), f"{t['wall_s']:.1f}", f"{t['eps_per_s']:.2f}",
                       f"{t['ideal_eps_per_s']:.2f}", f"{t['of_ideal_pct']:.1f}", f"{t['cpu_ms_per_episode']:.1f}")
     console.print(table)
+    ours = {t["concurrency"]: t for t in result["throughput"] if t["gc"] == "tuned"}
+    side = Table(title="ours (evaluate graph, gc tuned) beside bare LangGraph (model node + prebuilt ToolNode, tool in process)")
+    for col in ("concurrency", "ours CPU ms/episode", "bare CPU ms/episode", "ratio (goal ≤ 2)", "ours % of ideal", "bare % of ideal"):
+        side.add_column(col, justify="right")
+    for b in result["bare"]:
+        o = ours[b["concurrency"]]
+        side.add_row(str(b["concurrency"]), f"{o['cpu_ms_per_episode']:.1f}", f"{b['cpu_ms_per_episode']:.1f}",
+                     f"{o['cpu_ms_per_episode'] / b['cpu_ms_per_episode']:.1f}×", f"{o['of_ideal_pct']:.1f}", f"{b['of_ideal_pct']:.1f}")
+    console.print(side)
+    load = result["load_average"]
+    console.print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load['before'])}, after "
+                  f"{tuple(round(x, 2) for x in load['after'])} on {load['cpus']} CPUs")
 
 
 if __name__ == "__main__":
