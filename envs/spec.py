@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
 import types
 import typing
@@ -58,16 +59,19 @@ _PY_TYPES = {"text": str, "integer": int, "real": (int, float), "boolean": bool,
 
 
 def files_signature(path: Path | str) -> tuple:
-    """What changes when any file under `path` changes: names, sizes, mtimes."""
+    """What changes when any file under `path` changes: names, sizes, mtimes (one stat a file; `__pycache__` is not
+    walked into). Every episode's pair and bundle are checked against it, so it stays cheap."""
     path = Path(path)
     if path.is_file():
         stat = path.stat()
         return ((path.name, stat.st_size, stat.st_mtime_ns),)
-    return tuple(
-        (str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
-        for p in sorted(path.rglob("*"))
-        if p.is_file() and "__pycache__" not in p.parts
-    )
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            stat = os.stat(os.path.join(root, name))
+            found.append((os.path.relpath(os.path.join(root, name), path), stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(found))
 
 
 def load_environment(directory: Path | str) -> EnvironmentSpec:

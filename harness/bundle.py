@@ -182,11 +182,18 @@ def _check_source(source: str, origin: str) -> None:
                 raise SpecError(origin, f"Harness.{node.name}", f"parameters ({', '.join(want)}) (got ({', '.join(got)}))")
 
 
+@lru_cache(maxsize=32)
+def _compiled(source: str, origin: str):
+    return compile(source, origin, "exec")
+
+
 def _harness_class(source: str, origin: str) -> type[BaseHarness]:
+    """The hooks module's Harness class, from a module of its own each time (no state shared between episodes); only
+    the compiled code is kept."""
     module = types.ModuleType("harness_bundle_hooks")
     module.__file__ = origin
     try:
-        exec(compile(source, origin, "exec"), module.__dict__)
+        exec(_compiled(source, origin), module.__dict__)
     except Exception as exc:  # any failure to import is the bundle's defect, reported by file
         raise SpecError(origin, "(module)", f"an importable module ({type(exc).__name__}: {exc})") from None
     cls = module.__dict__.get("Harness")
