@@ -57,8 +57,10 @@ VAGUE_TRIGGER = re.compile(r"^\s*(?:always|regularly|generally|in general|at all
                            re.IGNORECASE)
 
 
-def edit_schema(groups: list[str]) -> type[HarnessEdit]:
-    """`HarnessEdit` for the response format: component names from the library, each tied to one of `groups`."""
+def edit_schema(groups: list[str], most: int | None = None) -> type[HarnessEdit]:
+    """`HarnessEdit` for the response format: component names from the library, each tied to one of `groups`, and
+    at most `most` of them (the grammar holds a small model to it: asked for the complete list, a 1.5B optimizer
+    listed all 18 components three asks in a row)."""
     group = Literal[tuple(groups)] if groups else str  # type: ignore[valid-type]
 
     class Choice(ComponentChoice):
@@ -66,7 +68,7 @@ def edit_schema(groups: list[str]) -> type[HarnessEdit]:
         addresses: group = Field(description="the failure group this component addresses")  # type: ignore[valid-type]
 
     class StructuredEdit(HarnessEdit):
-        components: list[Choice] = []
+        components: list[Choice] = Field([], max_length=most, description="the complete list of components to enable")
 
     return StructuredEdit
 
@@ -220,14 +222,15 @@ async def structured_edit(staging: Path, brief: str, harness: str, model: str, t
     asked for again with the reasons, up to EDIT_ASKS times. Notes, usage, and the problems of the last ask when none
     passed. An edit that leaves the bundle as it was, or as one of the bundles whose signatures are `taken`, is rejected."""
     llm = chat_model(model, role="harness_optimizer", timeout_s=timeout_s)
-    schema = edit_schema(list(groups))
+    current = await asyncio.to_thread(_current_components, staging)
+    schema = edit_schema(list(groups), len(current) + MAX_COMPONENT_CHANGES)
     messages: list[BaseMessage] = [HumanMessage(render("harness_optimizer", harness=harness, brief=brief, components=catalog_text(),
                                                        max_changes=str(MAX_COMPONENT_CHANGES)))]
     usage, before = [], await asyncio.to_thread(signature, staging)
     for _ in range(EDIT_ASKS):
         edit, used = await llm.structured(messages, schema)
         usage.append(used)
-        problems = await asyncio.to_thread(edit_problems, edit, await asyncio.to_thread(_current_components, staging), list(groups))
+        problems = await asyncio.to_thread(edit_problems, edit, current, list(groups))
         if not problems:
             backup = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-edit-"))
             await asyncio.to_thread(shutil.copytree, staging, backup / "b", dirs_exist_ok=True)

@@ -21,6 +21,7 @@ from roles.models import scripted
 from roles.failure_analyst import MAX_CALLS, describe, analyse_failures, group_failures
 from harness.components import LIBRARY
 from roles.harness_optimizer import (
+    MAX_COMPONENT_CHANGES,
     EditError,
     apply_edit,
     code_edit,
@@ -353,6 +354,21 @@ def test_edit_checks_name_what_is_wrong():
     assert edit_problems(internals, {}, [GROUP]) == [
         "skill 't' is not an instruction to the agent: it names the harness's internals or the failures ('look_before_act', "
         "'turn limit')"]
+
+
+def test_the_edit_grammar_allows_the_current_components_and_two_more(staging):
+    from pydantic import ValidationError
+
+    from roles.harness_optimizer import edit_schema
+
+    assert edit_schema([GROUP], 2).model_json_schema()["properties"]["components"]["maxItems"] == 2
+    three = [{"name": n, "addresses": GROUP} for n in list(LIBRARY)[:3]]
+    with pytest.raises(ValidationError, match="at most 2 items"):
+        edit_schema([GROUP], 2).model_validate({"rationale": "r", "components": three})
+    scripted.register("optimizer", [EDIT])
+    asyncio.run(structured_edit(staging, "brief", "harness", "scripted:optimizer", 10, groups=[GROUP]))
+    asked = scripted.calls("optimizer")[0].schema.model_json_schema()["properties"]["components"]
+    assert asked["maxItems"] == 0 + MAX_COMPONENT_CHANGES  # the staging bundle (H0) enables none yet
 
 
 def test_a_rejected_edit_is_asked_again_with_the_reasons(staging):
