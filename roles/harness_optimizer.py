@@ -97,18 +97,41 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
     for name in changed:
         if name in chosen and groups and chosen[name].addresses not in groups:
             problems.append(f"component {name} does not name the failure group it addresses (one of: {', '.join(groups)})")
-    addition = edit.system_prompt_addition.strip()
-    if addition and addition.casefold() not in NOTHING:
-        problems += [f"the prompt addition is not an instruction to the agent: {why}" for why in narration(addition)]
+    problems += addition_problems(edit.system_prompt_addition)
     for skill in edit.skills:
-        label = skill.id or skill.title
-        if len(skill.pattern.split()) < 3 or VAGUE_TRIGGER.match(skill.pattern):
-            problems.append(f"skill {label!r} has no concrete trigger: say in which situation it applies")
-        if len(skill.tip.split()) < 3:
-            problems.append(f"skill {label!r} has no action: say what the agent should do then")
-        # the title is a label (a component's name in words is fine there); what the agent is told to do is checked
-        problems += [f"skill {label!r} is not an instruction to the agent: {why}" for why in narration(f"{skill.pattern} {skill.tip}")]
+        problems += skill_problems(skill)
     return problems
+
+
+def addition_problems(addition: str) -> list[str]:
+    addition = addition.strip()
+    if not addition or addition.casefold() in NOTHING:
+        return []
+    return [f"the prompt addition is not an instruction to the agent: {why}" for why in narration(addition)]
+
+
+def skill_problems(skill) -> list[str]:
+    label, problems = skill.id or skill.title, []
+    if len(skill.pattern.split()) < 3 or VAGUE_TRIGGER.match(skill.pattern):
+        problems.append(f"skill {label!r} has no concrete trigger: say in which situation it applies")
+    if len(skill.tip.split()) < 3:
+        problems.append(f"skill {label!r} has no action: say what the agent should do then")
+    # the title is a label (a component's name in words is fine there); what the agent is told to do is checked
+    return problems + [f"skill {label!r} is not an instruction to the agent: {why}" for why in narration(f"{skill.pattern} {skill.tip}")]
+
+
+def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str]) -> tuple[HarnessEdit, list[str]] | None:
+    """The edit without its skills and prompt addition that fail their checks (a note for each), when the rest passes;
+    None when the components fail. A small model asked again often sends the same reply back (seen on the local model:
+    three asks, the last two identical, the candidate lost to one skill's vague trigger)."""
+    skills = [k for k in edit.skills if not skill_problems(k)]
+    notes = [f"dropped: {p}" for k in edit.skills for p in skill_problems(k)]
+    addition = edit.system_prompt_addition
+    if addition_problems(addition):
+        notes += [f"dropped: {p}" for p in addition_problems(addition)]
+        addition = ""
+    kept = edit.model_copy(update={"skills": skills, "system_prompt_addition": addition})
+    return None if edit_problems(kept, current, groups) else (kept, notes)
 
 
 def signature(bundle: Path) -> str:
@@ -219,7 +242,8 @@ def _current_components(staging: Path) -> dict[str, dict]:
 async def structured_edit(staging: Path, brief: str, harness: str, model: str, timeout_s: float,
                           groups: list[str] = (), taken: tuple[str, ...] = ()) -> tuple[list[str], list[UsageRecord], list[str]]:
     """Channel (i): one schema-constrained edit, checked by code and applied to the staging copy; a rejected edit is
-    asked for again with the reasons, up to EDIT_ASKS times. Notes, usage, and the problems of the last ask when none
+    asked for again with the reasons, up to EDIT_ASKS times, the last one kept without its failing skills and prompt
+    addition when its components pass (`salvaged`). Notes, usage, and the problems of the last ask when none
     passed. An edit that leaves the bundle as it was, or as one of the bundles whose signatures are `taken`, is rejected."""
     llm = chat_model(model, role="harness_optimizer", timeout_s=timeout_s)
     current = await asyncio.to_thread(_current_components, staging)
@@ -227,14 +251,16 @@ async def structured_edit(staging: Path, brief: str, harness: str, model: str, t
     messages: list[BaseMessage] = [HumanMessage(render("harness_optimizer", harness=harness, brief=brief, components=catalog_text(),
                                                        max_changes=str(MAX_COMPONENT_CHANGES)))]
     usage, before = [], await asyncio.to_thread(signature, staging)
-    for _ in range(EDIT_ASKS):
+    for ask in range(1, EDIT_ASKS + 1):
         edit, used = await llm.structured(messages, schema)
         usage.append(used)
-        problems = await asyncio.to_thread(edit_problems, edit, current, list(groups))
+        problems, dropped = edit_problems(edit, current, list(groups)), []
+        if problems and ask == EDIT_ASKS and (kept := salvaged(edit, current, list(groups))):
+            (edit, dropped), problems = kept, []
         if not problems:
             backup = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-edit-"))
             await asyncio.to_thread(shutil.copytree, staging, backup / "b", dirs_exist_ok=True)
-            notes = await asyncio.to_thread(apply_edit, staging, edit)
+            notes = dropped + await asyncio.to_thread(apply_edit, staging, edit)
             after = await asyncio.to_thread(signature, staging)
             if after == before:
                 problems = ["it changes nothing in the harness"]

@@ -382,6 +382,27 @@ def test_a_rejected_edit_is_asked_again_with_the_reasons(staging):
     assert "check_before_commit" in (staging / "components.yaml").read_text()
 
 
+def test_the_last_ask_keeps_the_components_and_drops_the_skills_and_prompt_that_fail(staging):
+    vague = {"id": "provide_evidence", "title": "Evidence", "pattern": "always", "tip": "provide evidence before completing tasks"}
+    good = {"id": "missing", "title": "Missing value", "pattern": "a result shows a required field as null", "tip": "report which field is missing"}
+    narrated = {**EDIT, "system_prompt_addition": "I added a check to the harness.", "skills": [vague, good]}
+    scripted.register("optimizer", [narrated] * 3)  # the same reply back each time
+    notes, usage, problems = asyncio.run(structured_edit(staging, "fix it", "H0", "scripted:optimizer", 60, [GROUP]))
+    assert problems == [] and len(usage) == 3
+    assert notes[:2] == ["dropped: skill 'provide_evidence' has no concrete trigger: say in which situation it applies",
+                         "dropped: the prompt addition is not an instruction to the agent: it speaks in the first person ('I')"]
+    assert "check_before_commit" in (staging / "components.yaml").read_text()
+    assert [p.name for p in (staging / "skills").iterdir()] == ["missing.md"]
+    assert "I added" not in (staging / "prompts" / "system.md").read_text()
+    # components that fail are not salvaged: the edit stays rejected
+    scripted.register("optimizer", [{**narrated, "components": [{"name": "look_before_act", "addresses": GROUP},
+                                                                {"name": "read_before_write", "addresses": GROUP}]}] * 3)
+    staged = stage(BUNDLES / "H0", staging.parent / "c2", {"id": "c2", "parent_id": "H0", "origin": "test", "description": "t"})
+    (staged / "components.yaml").write_text("- name: check_before_commit\n")
+    notes, _, problems = asyncio.run(structured_edit(staged, "fix it", "H0", "scripted:optimizer", 60, [GROUP]))
+    assert notes == ["edit rejected after 3 asks"] and problems[0].startswith("it changes 3 components")
+
+
 def test_an_edit_that_rebuilds_an_earlier_candidate_is_refused(staging, tmp_path):
     earlier = stage(staging, tmp_path / "earlier", {"id": "c0", "parent_id": "H0", "origin": "t", "description": "t"})
     apply_edit(earlier, HarnessEdit.model_validate(EDIT))
