@@ -167,20 +167,28 @@ async def harness_optimizer(state: HarnessEvolutionState, runtime: Runtime[Conte
             "edit_problems": [f"edit: {p}" for p in problems]}
 
 
-def _smoke_step(messages, second):
-    """A deterministic exerciser: call a read-only tool once, then answer; answer any hook question with defaults."""
-    if isinstance(second, type):
-        return placeholder(second)
-    if any(getattr(m, "type", "") == "tool" for m in messages):
-        return "Done."
-    tool = next((t for t in second if t.read_only), second[0])
-    return {"tool_calls": [{"name": tool.name, "args": {}}]}
+def _smoke_steps(structured: bool):
+    """A deterministic exerciser: call a read-only tool on its first turn, then answer; answer any hook question with
+    defaults. In the structured action mode a turn is an action object (`{"tool", "arguments"}` or `{"final_answer"}`)."""
+    turns = []
+
+    def step(messages, second):
+        if isinstance(second, type):
+            return placeholder(second)
+        turns.append(len(turns))
+        if len(turns) > 1:
+            return {"final_answer": "Done."} if structured else "Done."
+        tool = next((t for t in second if t.read_only), second[0])
+        return {"tool": tool.name, "arguments": {}} if structured else {"tool_calls": [{"name": tool.name, "args": {}}]}
+
+    return step
 
 
 async def smoke_episode(bundle: str, pair_id: str, ctx: Context) -> str | None:
     """Runs the bundle through one whole episode with the exerciser model; the problem, or None."""
-    name = f"smoke-{load_bundle(bundle).hash}"
-    scripted.register(name, [_smoke_step] * 64)
+    loaded = load_bundle(bundle)
+    name = f"smoke-{loaded.hash}"
+    scripted.register(name, [_smoke_steps(loaded.config.action_mode == "structured")] * 64)
     try:
         out = await run_episode(EpisodeRequest(pair_id=pair_id, side="act", bundle=bundle), Context(
             agent_model=f"scripted:{name}", catalog=ctx.catalog, ledger=ctx.ledger), f"smoke-{name}")

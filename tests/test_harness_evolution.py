@@ -185,10 +185,13 @@ def test_a_prompt_addition_loses_what_the_model_echoed_from_the_harness_view(sta
     assert new_prompt_text("$context\n>>>", shown) == "" and new_prompt_text("None", shown) == ""
 
 
-@pytest.mark.parametrize("components", [[], ["confirm_final_decision", "check_before_commit", "look_before_act"]])
-def test_the_smoke_episode_passes_a_sound_candidate_whatever_its_hooks_ask(context, staging, components):
-    # a candidate runs sandboxed, and its hooks' questions reach the exerciser as a stand-in schema class
-    apply_edit(staging, HarnessEdit.model_validate({**EDIT, "components": [{"name": c} for c in components]}))
+@pytest.mark.parametrize("components,action_mode", [([], None), (["confirm_final_decision", "check_before_commit", "look_before_act"], None),
+                                                    (["look_before_act"], "structured")])
+def test_the_smoke_episode_passes_a_sound_candidate_whatever_its_hooks_ask(context, staging, components, action_mode):
+    # a candidate runs sandboxed, and its hooks' questions reach the exerciser as a stand-in schema class; in the
+    # structured action mode its turns are action objects (a local candidate that switched mode failed here)
+    apply_edit(staging, HarnessEdit.model_validate({**EDIT, "components": [{"name": c} for c in components], "action_mode": action_mode}))
+    assert load_bundle(staging).config.action_mode == (action_mode or "text")
     assert asyncio.run(smoke_episode(str(staging), "shop-reserve-drill", context)) is None
 
 
