@@ -178,10 +178,22 @@ def _smoke_steps(structured: bool):
         turns.append(len(turns))
         if len(turns) > 1:
             return {"final_answer": "Done."} if structured else "Done."
-        tool = next((t for t in second if t.read_only), second[0])
-        return {"tool": tool.name, "arguments": {}} if structured else {"tool_calls": [{"name": tool.name, "args": {}}]}
+        tool = min(second, key=lambda t: (not t.read_only, len(t.input_schema.get("required", []))))
+        if structured:  # the action grammar holds the arguments to the tool's schema
+            return {"tool": tool.name, "arguments": _minimal_arguments(tool.input_schema)}
+        return {"tool_calls": [{"name": tool.name, "args": {}}]}
 
     return step
+
+
+SAMPLE = {"string": "x", "integer": 1, "number": 1, "boolean": False, "array": [], "object": {}}
+
+
+def _minimal_arguments(schema: dict) -> dict:
+    """Arguments a tool's schema accepts: each required property's first allowed value, or a sample of its type."""
+    properties = schema.get("properties", {})
+    return {name: (properties.get(name, {}).get("enum") or [SAMPLE.get(properties.get(name, {}).get("type"), "x")])[0]
+            for name in schema.get("required", [])}
 
 
 async def smoke_episode(bundle: str, pair_id: str, ctx: Context) -> str | None:

@@ -195,6 +195,23 @@ def test_the_smoke_episode_passes_a_sound_candidate_whatever_its_hooks_ask(conte
     assert asyncio.run(smoke_episode(str(staging), "shop-reserve-drill", context)) is None
 
 
+def test_the_structured_exerciser_calls_a_read_tool_with_arguments_its_schema_accepts():
+    import jsonschema
+
+    from graphs.harness_evolution import _smoke_steps
+    from state.records import ToolInfo
+
+    schema = {"type": "object", "properties": {"patient_id": {"type": "integer"}, "status": {"type": "string", "enum": ["open", "closed"]},
+                                                "note": {"type": "string"}}, "required": ["patient_id", "status"]}
+    tools = [ToolInfo(name="close_case", description="", input_schema={"type": "object", "properties": {}}, read_only=False),
+             ToolInfo(name="find_patients", description="", input_schema=schema, read_only=True)]
+    step = _smoke_steps(structured=True)
+    first = step([], tools)
+    assert first == {"tool": "find_patients", "arguments": {"patient_id": 1, "status": "open"}}
+    jsonschema.validate(first["arguments"], schema)
+    assert step([], tools) == {"final_answer": "Done."}
+
+
 def test_a_candidate_breaking_the_hook_abi_is_rejected(staging):
     (staging / "hooks.py").write_text("from harness.abi import BaseHarness\n\n\nclass Harness(BaseHarness):\n"
                                       "    def finalize(self, view):\n        return None\n")
