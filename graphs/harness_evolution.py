@@ -170,13 +170,13 @@ async def harness_optimizer(state: HarnessEvolutionState, runtime: Runtime[Conte
 def _smoke_steps(structured: bool):
     """A deterministic exerciser: call a read-only tool on its first turn, then answer; answer any hook question with
     defaults. In the structured action mode a turn is an action object (`{"tool", "arguments"}` or `{"final_answer"}`)."""
-    turns = []
+    turns = [0]
 
     def step(messages, second):
         if isinstance(second, type):
             return placeholder(second)
-        turns.append(len(turns))
-        if len(turns) > 1:
+        turns[0] += 1
+        if turns[0] > 1:
             return {"final_answer": "Done."} if structured else "Done."
         tool = min(second, key=lambda t: (not t.read_only, len(t.input_schema.get("required", []))))
         if structured:  # the action grammar holds the arguments to the tool's schema

@@ -30,7 +30,7 @@ from harness.check import check_bundle
 from harness.components import LIBRARY, ComponentName, catalog_text
 from prompts import render
 from roles.models import chat_model
-from state.evolution import ComponentChoice, FailureRecord, HarnessEdit, ModificationSpec
+from state.evolution import ComponentChoice, FailureRecord, HarnessEdit, ModificationSpec, Skill
 from state.records import ToolInfo, UsageRecord, content_hash
 
 EDITABLE = ("prompts", "skills", "subagents", "hooks.py", "components.yaml", "config.yaml", "memory.yaml")
@@ -110,7 +110,7 @@ def addition_problems(addition: str) -> list[str]:
     return [f"the prompt addition is not an instruction to the agent: {why}" for why in narration(addition)]
 
 
-def skill_problems(skill) -> list[str]:
+def skill_problems(skill: Skill) -> list[str]:
     label, problems = skill.id or skill.title, []
     if len(skill.pattern.split()) < 3 or VAGUE_TRIGGER.match(skill.pattern):
         problems.append(f"skill {label!r} has no concrete trigger: say in which situation it applies")
