@@ -42,12 +42,9 @@ evaluate = runner.evaluate  # an evaluation run (or resumed): its id, metrics an
 def resume_request(run_id: str | None, context: Context, **given) -> dict:
     """An evaluation's request (pair_ids, bundle, trials, seed, model, judge): what is given, else what run `run_id`
     recorded when it is resumed, else the defaults (the whole split is the caller's to choose)."""
-    recorded = recorded_run(run_id, context) if run_id else None
-    if recorded:
-        recorded = {"pair_ids": recorded["pair_ids"], "bundle": recorded["bundle"], "trials": recorded["trials"],
-                    "seed": recorded["seed"], "model": recorded["model"], "judge": recorded["judge"]}
+    recorded = (recorded_run(run_id, context) if run_id else None) or {}
     defaults = {"pair_ids": None, "bundle": "H0", "trials": 1, "seed": 0, "model": "local", "judge": None}
-    return {key: next((v for v in (given.get(key), (recorded or {}).get(key)) if v is not None and v != []), default)
+    return {key: next((v for v in (given.get(key), recorded.get(key)) if v is not None and v != []), default)
             for key, default in defaults.items()}
 
 
