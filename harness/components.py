@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any, ClassVar, Literal
 
 from langchain_core.messages import HumanMessage
@@ -31,6 +32,7 @@ class Component:
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    addresses: ClassVar[tuple[str, ...]] = ()  # the failure kinds (state.evolution.FailureKind) it is built for
 
     class Params(Record):
         pass
@@ -71,6 +73,7 @@ def _committed(view: EpisodeView) -> bool:
 
 class LookBeforeAct(Component):
     name = "look_before_act"
+    addresses = ('wrong_answer', 'forbidden_action')
     summary = "blocks a state-changing call until a read-only tool has returned something"
 
     def before_tool_call(self, view, call):
@@ -81,6 +84,7 @@ class LookBeforeAct(Component):
 
 class StopOnNegativeEvidence(Component):
     name = "stop_on_negative_evidence"
+    addresses = ('did_not_abstain', 'forbidden_action')
     summary = "after a result reports unavailable, revoked, expired, conflicting or similar evidence, blocks state-changing calls and tells the agent to explain instead"
 
     class Params(Record):
@@ -107,6 +111,7 @@ class StopOnNegativeEvidence(Component):
 
 class SuppressDuplicateCalls(Component):
     name = "suppress_duplicate_calls"
+    addresses = ('turn_limit',)
     summary = ("answers a repeated identical tool call with the earlier result instead of running it again; "
                "after a few repeats, tells the agent to stop calling tools and answer")
 
@@ -127,6 +132,7 @@ class SuppressDuplicateCalls(Component):
 
 class CheckBeforeCommit(Component):
     name = "check_before_commit"
+    addresses = ('did_not_abstain', 'forbidden_action')
     summary = "before the first state-changing call, makes the agent check every requirement of the request against the results once"
 
     class Params(Record):
@@ -143,6 +149,7 @@ class CheckBeforeCommit(Component):
 
 class FlagMultipleMatches(Component):
     name = "flag_multiple_matches"
+    addresses = ('did_not_abstain',)
     summary = "when a lookup returns several records, tells the agent to make sure which one is meant before acting"
 
     class Params(Record):
@@ -159,6 +166,7 @@ class FlagMultipleMatches(Component):
 
 class CheckRelatedAuthorization(Component):
     name = "check_related_authorization"
+    addresses = ('did_not_abstain', 'forbidden_action')
     summary = "points out authorisation, consent or permission fields in a result whose value does not allow acting"
 
     class Params(Record):
@@ -190,6 +198,7 @@ class FinalCheck(Record):
 
 class ConfirmFinalDecision(Component):
     name = "confirm_final_decision"
+    addresses = ('did_not_abstain',)
     summary = "before accepting an answer that changed nothing, asks the model one structured question: could the request really be completed?"
 
     async def finalize(self, view, answer):
@@ -221,11 +230,11 @@ def _tools_carrying(view: EpisodeView, field: str) -> list[str]:
     return named or [t.name for t in _read_tools(view) if field not in t.input_schema.get("required", ())]
 
 
-def _identifiers(call: ToolRequest, tool: ToolInfo | None) -> list[tuple[str, str]]:
-    """The (field, value) pairs of a call that name a record: a key-shaped value, or any value of a key-named field."""
+def _identifiers(args: dict[str, Any], tool: ToolInfo | None) -> list[tuple[str, str]]:
+    """The (field, value) pairs of a call's arguments that name a record: a key-shaped value, or any value of a key-named field."""
     properties = (tool.input_schema.get("properties", {}) if tool else {})
     found = []
-    for field, value in call.args.items():
+    for field, value in args.items():
         values = value if isinstance(value, list) else [value]
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (str, int)) or "enum" in properties.get(field, {}):
@@ -242,19 +251,34 @@ def _mentioned(value: str, text: str) -> bool:
     return re.search(r"(?<![A-Za-z0-9])" + re.escape(value.casefold()) + r"(?![A-Za-z0-9])", text) is not None
 
 
+def _unseen(args: dict[str, Any], tool: ToolInfo | None, known: str) -> list[tuple[str, str]]:
+    """The identifiers among `args` that `known` (casefolded text the agent had seen) never mentions: guesses."""
+    return [(f, v) for f, v in _identifiers(args, tool) if not _mentioned(v, known)]
+
+
+def guessed_calls(before: str, observations: list[Observation]) -> list[str]:
+    """The agent's calls, as `tool(field='value')`, that named a record by an identifier seen nowhere before them
+    (`before`: the request and the tool descriptions; then the earlier results) and failed or found nothing: the
+    trace of an agent that invents ids instead of looking them up."""
+    known, found = before.casefold(), []
+    for o in observations:
+        if o.source == "agent" and (not o.ok or not _nonempty(o.output)):
+            found += [f"{o.tool}({f}={v!r})" for f, v in _unseen(o.args, None, known)]
+        known += "\n" + o.seen.casefold()
+    return found
+
+
 class GroundIdentifiers(Component):
     name = "ground_identifiers"
+    addresses = ('guessed_identifier',)
     summary = ("does not run a call whose identifier appears nowhere in the request, the tool descriptions or an earlier "
                "result (a guessed id); names the read-only tools that can find it")
 
     def before_tool_call(self, view, call):
         tool = next((t for t in view.tools if t.name == call.name), None)
-        ids = _identifiers(call, tool)
-        if not ids:
-            return None
         known = "\n".join([view.instruction, view.context, *(f"{t.name} {t.description}" for t in view.tools),
                            *(o.text for o in view.observations)]).casefold()
-        unseen = [(f, v) for f, v in ids if not _mentioned(v, known)]
+        unseen = _unseen(call.args, tool, known)
         if not unseen:
             return None
         field, value = unseen[0]
@@ -265,13 +289,14 @@ class GroundIdentifiers(Component):
 
 class ReadBeforeWrite(Component):
     name = "read_before_write"
+    addresses = ('forbidden_action', 'did_not_abstain')
     summary = ("before a state-changing call on a record nobody has read yet, reads it with the read-only tool that takes "
                "its id and shows the agent the result first")
 
     async def before_tool_call(self, view, call):
         if call.name not in _writes(view) or view.lookup is None:
             return None
-        for field, value in _identifiers(call, next((t for t in view.tools if t.name == call.name), None)):
+        for field, value in _identifiers(call.args, next((t for t in view.tools if t.name == call.name), None)):
             readers = detail_tools(view, field)
             if not readers or any(o.tool in {t.name for t in readers} and str(o.args.get(field)) == value for o in view.observations):
                 continue
@@ -285,6 +310,7 @@ class ReadBeforeWrite(Component):
 
 class OneWritePerTurn(Component):
     name = "one_write_per_turn"
+    addresses = ('forbidden_action',)
     summary = "runs at most one state-changing call per model turn; the others wait until the agent has seen its result"
 
     def before_tool_call(self, view, call):
@@ -298,6 +324,7 @@ class OneWritePerTurn(Component):
 
 class RefuseFailedRepeat(Component):
     name = "refuse_failed_repeat"
+    addresses = ('turn_limit', 'guessed_identifier')
     summary = "does not rerun a call that just failed with the same arguments; restates the error and names tools that could resolve it"
 
     def before_tool_call(self, view, call):
@@ -332,6 +359,7 @@ def _compact(value: Any, rows: int) -> tuple[Any, bool]:
 
 class CompactObservations(Component):
     name = "compact_observations"
+    addresses = ('turn_limit',)
     summary = "shows long results compactly (the first rows, a count of the rest, empty fields dropped); the full result is kept"
 
     class Params(Record):
@@ -421,6 +449,7 @@ LOOKED_UP = "\n\n(Looked up before you started"  # how resolve_named_entities ad
 
 class ResolveNamedEntities(Component):
     name = "resolve_named_entities"
+    addresses = ('guessed_identifier', 'over_abstained', 'ungrounded_abstain')
     summary = ("before the first turn, looks up what the request names (people, records, codes) with the search tools, "
                "reads the records found, and puts them in front of the agent with the request")
 
@@ -462,6 +491,7 @@ class ResolveNamedEntities(Component):
 
 class ReaskUnparsedCalls(Component):
     name = "reask_unparsed_calls"
+    addresses = ('wrong_answer', 'over_abstained')
     summary = "when a reply names a tool but holds no call that could be run, asks again instead of taking it as the final answer"
 
     class Params(Record):
@@ -482,6 +512,7 @@ class ReaskUnparsedCalls(Component):
 
 class CallBeforeAnswering(Component):
     name = "call_before_answering"
+    addresses = ('ungrounded_abstain', 'wrong_answer')
     summary = "a final answer given before the agent has called any tool is sent back once: look the facts up first"
 
     async def finalize(self, view, answer):
@@ -494,6 +525,7 @@ class CallBeforeAnswering(Component):
 
 class CheckChangeMade(Component):
     name = "check_change_made"
+    addresses = ('over_abstained',)
     summary = ("when the agent answers without any state-changing call having succeeded, asks it once whether the request "
                "needed a change it has not made yet")
 
@@ -529,6 +561,7 @@ def _quoted(cited: Citation, view: EpisodeView) -> bool:
 
 class CiteBlockingEvidence(Component):
     name = "cite_blocking_evidence"
+    addresses = ('ungrounded_abstain', 'over_abstained')
     summary = ("when the agent answers without having changed anything, asks it once to quote the result that blocks the "
                "request; a quote found in no result sends it back to finish the request")
 
@@ -556,6 +589,7 @@ class Intent(Record):
 
 class FollowThrough(Component):
     name = "follow_through"
+    addresses = ('over_abstained',)
     summary = ("when the agent answers a request for a change without having changed anything, keeps a refusal only if "
                "it quotes a result that blocks the request; otherwise asks the model, grammar-constrained, for the one "
                "call that does what the request asks and hands that call to the agent to make")
@@ -588,6 +622,7 @@ class FollowThrough(Component):
 
 class ReportTheChange(Component):
     name = "report_the_change"
+    addresses = ('wrong_answer',)
     summary = ("when the final answer after a change leaves out the ids that change returned, shows the agent the result "
                "and asks once for an answer that reports it; if it still leaves them out, the result is appended to it")
 
@@ -615,9 +650,20 @@ LIBRARY: dict[str, type[Component]] = {c.name: c for c in (
 ComponentName = Literal[tuple(LIBRARY)]  # type: ignore[valid-type]
 
 
-def catalog_text() -> str:
-    """The library as the roles that choose components read it."""
-    return "\n".join(f"- {name}: {cls.summary}" for name, cls in LIBRARY.items())
+def catalog_text(kinds: Iterable[str] = ()) -> str:
+    """The library as the roles that choose components read it: the components built for the failure `kinds` of a
+    diagnosis first, each marked with the kinds it addresses (a 1.5B panel never picked ground_identifiers for
+    agents that invented ids until the failures were named so and the component said it was built for them)."""
+    order = {k: i for i, k in enumerate(dict.fromkeys(kinds))}
+
+    def rank(cls: type[Component]) -> int:
+        return min((order[k] for k in cls.addresses if k in order), default=len(order))
+
+    lines = []
+    for cls in sorted(LIBRARY.values(), key=rank):
+        built = ", ".join(k.replace("_", " ") for k in cls.addresses if k in order)
+        lines.append(f"- {cls.name} (built for: {built}): {cls.summary}" if built else f"- {cls.name}: {cls.summary}")
+    return "\n".join(lines)
 
 
 class Stack(BaseHarness):

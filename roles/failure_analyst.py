@@ -11,6 +11,7 @@ import json
 from langchain_core.messages import HumanMessage
 
 from envs.catalog import Entry
+from harness.components import guessed_calls
 from prompts import render
 from roles.models import chat_model
 from state.evolution import Diagnosis, FailureGroup, FailureKind, FailureRecord, GroupCause
@@ -25,8 +26,17 @@ def _cut(text: str, limit: int = MAX_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def failure_kind(record: EpisodeRecord) -> FailureKind | None:
-    """Why a finished episode failed, or None when it succeeded."""
+def failure_kind(record: EpisodeRecord, guesses: tuple[str, ...] = ()) -> FailureKind | None:
+    """Why a finished episode failed, or None when it succeeded. A give-up, a wrong answer or a run to the turn
+    limit after `guesses` (calls on ids the agent had seen nowhere: `guessed_calls`) is a guessed identifier."""
+    kind = _outcome_kind(record)
+    return "guessed_identifier" if kind in GUESSABLE and guesses else kind
+
+
+GUESSABLE = ("ungrounded_abstain", "over_abstained", "wrong_answer", "turn_limit")
+
+
+def _outcome_kind(record: EpisodeRecord) -> FailureKind | None:
     if record.termination == "harness_error":
         return "error"
     grade = record.grade
@@ -46,20 +56,29 @@ def failure_kind(record: EpisodeRecord) -> FailureKind | None:
     return "wrong_answer"
 
 
+def _given(entry: Entry) -> str:
+    """What an episode's agent had read before its first call: the request, its context, the tools' source."""
+    task = entry.pair.task
+    return "\n".join([task.instruction, task.system_prompt, entry.env.policy, entry.env.tools_source])
+
+
 def failure_records(records: list[EpisodeRecord], entries: dict[str, Entry]) -> list[FailureRecord]:
     """The failures among finished episodes; infrastructure errors are not failures."""
     out = []
     for r in records:
-        kind = failure_kind(r) if r.status == "done" else None
-        if kind is None:
+        if r.status != "done":
             continue
         entry = entries[r.pair_id]
+        guesses = tuple(guessed_calls(_given(entry), list(r.observations)))
+        kind = failure_kind(r, guesses)
+        if kind is None:
+            continue
         calls = tuple(_cut(f"{o.tool}({json.dumps(o.args, default=str)}) -> {o.text}", 300) for o in r.observations)
         last = tuple(_cut(f"{m.get('type', '?')}: {m.get('data', {}).get('content', '')}") for m in r.messages[-3:])
         out.append(FailureRecord(
             pair_id=r.pair_id, task_id=r.key.task_id, side=r.key.side, kind=kind, category=entry.pair.mutation.category,
             termination=r.termination, instruction=entry.pair.task.instruction.strip(), calls=calls,
-            answer=_cut(r.answer), last_messages=last,
+            answer=_cut(r.answer), last_messages=last, guesses=guesses[:MAX_EXAMPLES],
         ))
     return out
 
@@ -97,8 +116,9 @@ def describe(members: list[FailureRecord]) -> str:
     parts = []
     for f in members[:MAX_EXAMPLES]:
         calls = "\n".join(f"  - {c}" for c in _calls_shown(f.calls)) or "  (no tool calls)"
+        guessed = f"\nCalls on ids it had seen nowhere (guessed), which failed or found nothing: {'; '.join(f.guesses)}" if f.guesses else ""
         parts.append(f"Task: {f.instruction}\nSide: {'should abstain' if f.side == 'abstain' else 'should complete'}; "
-                     f"ended by {f.termination}\nTool calls:\n{calls}\nFinal answer: {f.answer or '(none)'}")
+                     f"ended by {f.termination}\nTool calls:\n{calls}{guessed}\nFinal answer: {f.answer or '(none)'}")
     return "\n\n".join(parts)
 
 

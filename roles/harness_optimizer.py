@@ -19,7 +19,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
@@ -30,7 +30,7 @@ from harness.check import check_bundle
 from harness.components import LIBRARY, ComponentName, catalog_text
 from prompts import render
 from roles.models import chat_model
-from state.evolution import ComponentChoice, FailureRecord, HarnessEdit, ModificationSpec, Skill
+from state.evolution import ComponentChoice, FailureKind, FailureRecord, HarnessEdit, ModificationSpec, Skill
 from state.records import ToolInfo, UsageRecord, content_hash
 
 EDITABLE = ("prompts", "skills", "subagents", "hooks.py", "components.yaml", "config.yaml", "memory.yaml")
@@ -49,8 +49,7 @@ EDIT_ASKS = 3
 INTERNALS = ("harness", "component", "components", "skill", "skills", "turn limit", "turn budget", "max_turns", "number of turns",
              "the failures", "failure group", "system prompt", "this change", "these changes", "to address", "the prompt",
              *(n.replace("_", " ") for n in LIBRARY), *LIBRARY,
-             *(k.replace("_", " ") for k in ("did_not_abstain", "ungrounded_abstain", "over_abstained", "wrong_answer",
-                                             "forbidden_action", "turn_limit")))
+             *(k.replace("_", " ") for k in get_args(FailureKind) if k != "error"))
 FIRST_PERSON = re.compile(r"\b(?:I|I'm|I've|I'd|I'll|me|my|we|we've|we're|we'll|our|us)\b")
 QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|'[^']*'(?!\w)")
 VAGUE_TRIGGER = re.compile(r"^\s*(?:always|regularly|generally|in general|at all times|whenever possible|every time|any time|usually|often)\b",
@@ -156,8 +155,10 @@ def spec_text(spec: ModificationSpec) -> str:
 def failure_text(failure: FailureRecord) -> str:
     calls = "\n".join(f"  - {c}" for c in failure.calls) or "  (none)"
     expected = "abstain without changing anything" if failure.side == "abstain" else "complete the request"
+    guessed = f"\nCalls on ids it had seen nowhere (guessed): {'; '.join(failure.guesses)}" if failure.guesses else ""
     return (f"Task: {failure.instruction}\nExpected: {expected}; failure: {failure.kind.replace('_', ' ')} "
-            f"({failure.category.replace('_', ' ')}), ended by {failure.termination}\nTool calls:\n{calls}\nFinal answer: {failure.answer}")
+            f"({failure.category.replace('_', ' ')}), ended by {failure.termination}\nTool calls:\n{calls}{guessed}\n"
+            f"Final answer: {failure.answer}")
 
 
 def stage(parent: Path, dest: Path, manifest: dict[str, Any]) -> Path:
@@ -248,7 +249,8 @@ async def structured_edit(staging: Path, brief: str, harness: str, model: str, t
     llm = chat_model(model, role="harness_optimizer", timeout_s=timeout_s)
     current = await asyncio.to_thread(_current_components, staging)
     schema = edit_schema(list(groups), len(current) + MAX_COMPONENT_CHANGES)
-    messages: list[BaseMessage] = [HumanMessage(render("harness_optimizer", harness=harness, brief=brief, components=catalog_text(),
+    kinds = [g.split("/")[0] for g in groups]
+    messages: list[BaseMessage] = [HumanMessage(render("harness_optimizer", harness=harness, brief=brief, components=catalog_text(kinds),
                                                        max_changes=str(MAX_COMPONENT_CHANGES)))]
     usage, before = [], await asyncio.to_thread(signature, staging)
     for ask in range(1, EDIT_ASKS + 1):

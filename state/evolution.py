@@ -12,7 +12,7 @@ from state.metrics import RunScores
 from state.records import Record, UsageRecord
 
 FailureKind = Literal["did_not_abstain", "ungrounded_abstain", "over_abstained", "wrong_answer", "forbidden_action", "turn_limit",
-                      "error"]
+                      "guessed_identifier", "error"]
 Component = Literal["prompts", "config", "components", "skills", "memory", "control_logic", "subagents"]
 
 
@@ -29,6 +29,7 @@ class FailureRecord(Record):
     calls: tuple[str, ...] = ()
     answer: str = ""
     last_messages: tuple[str, ...] = ()
+    guesses: tuple[str, ...] = ()  # calls on ids seen nowhere before them that failed or found nothing
 
     @property
     def key(self) -> tuple[str, str]:

@@ -447,3 +447,46 @@ def test_two_candidates_of_a_block_never_carry_the_same_edit(context):
     assert c1.problems == () and c2.problems == () and signature(Path(c1.path)) != signature(Path(c2.path))
     assert "no validation score improved" in c1.reason and final["selected"] == f"{run_id}:H0"
     assert "needs at least 5" in final["lineage"][f"{run_id}:H0"].reason
+
+
+def test_guessed_calls_are_failed_lookups_of_ids_seen_nowhere_before():
+    from harness.components import guessed_calls
+    from state.records import Observation
+
+    miss = Observation(tool="get_employee", args={"employee_id": "E-9985"}, ok=False, error_code="not_found", message="no such employee")
+    empty = Observation(tool="find_orders", args={"order_id": "ORD-7"}, ok=True, output=[])
+    found = Observation(tool="find_employees", args={"name": "Ana Diaz"}, ok=True, output=[{"employee_id": "E-1001"}])
+    read = Observation(tool="get_employee", args={"employee_id": "E-1001"}, ok=False, error_code="not_found", message="down")
+    assert guessed_calls("Give Ana Diaz a day off.", [miss, empty]) == ["get_employee(employee_id='E-9985')", "find_orders(order_id='ORD-7')"]
+    assert guessed_calls("Give E-9985 a day off.", [miss]) == []  # the request named it
+    assert guessed_calls("Give Ana Diaz a day off.", [found, read]) == []  # an earlier result showed it
+    assert guessed_calls("Give Ana Diaz a day off.", [read.model_copy(update={"ok": True, "output": {"name": "Ana"}})]) == []  # it worked
+    assert guessed_calls("Give Ana Diaz a day off.", [miss.model_copy(update={"source": "harness"})]) == []  # the harness's own lookup
+
+
+def test_a_give_up_after_guessed_ids_is_its_own_failure_kind():
+    from roles.failure_analyst import failure_records
+    from state.records import EpisodeKey, EpisodeRecord, Grade, Observation
+
+    entries = load_catalog()
+    pair = next(iter(entries))
+    key = EpisodeKey(harness_hash="h", env_hash="e", task_id="t", side="act", model="m", seed=0, trial=0)
+    guess = Observation(tool="get_record", args={"record_id": "ZQ-98765"}, ok=False, error_code="not_found", message="not found")
+    refusal = Grade(side="act", success=False, abstained=True, committed=False, grounded=False)
+    records = [EpisodeRecord(key=key, pair_id=pair, bundle="b", status="done", termination="final_answer", grade=refusal,
+                             observations=observations) for observations in ((guess,), ())]
+    guessed, plain = failure_records(records, entries)
+    assert (guessed.kind, guessed.guesses) == ("guessed_identifier", ("get_record(record_id='ZQ-98765')",))
+    assert plain.kind == "over_abstained"
+    assert "Calls on ids it had seen nowhere (guessed), which failed or found nothing: get_record(record_id='ZQ-98765')" in describe([guessed])
+
+
+def test_the_catalog_puts_the_components_built_for_the_diagnosed_failures_first():
+    from harness.components import catalog_text
+
+    lines = catalog_text(["guessed_identifier"]).splitlines()
+    assert len(lines) == len(LIBRARY)
+    built = [line.split(" ")[1] for line in lines if "(built for: guessed identifier)" in line]
+    assert set(built) == {n for n, c in LIBRARY.items() if "guessed_identifier" in c.addresses} >= {"ground_identifiers", "resolve_named_entities"}
+    assert [line.split(" ")[1] for line in lines[:len(built)]] == built
+    assert "built for" not in catalog_text()
