@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import os
 import shlex
 import sys
 import time
@@ -1071,6 +1072,11 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hera", description="Harness–environment co-evolution for agentic abstention.")
     p.add_argument("--catalog", default=str(CATALOG), help="catalog directory (default: the built-in one); every command that reads pairs also takes it")
     p.add_argument("--ledger", default=None, help="ledger file (default: $HERA_RUNS/hera.db, else runs/hera.db)")
+    p.add_argument("--store", default=None, help="a PostgreSQL URL (postgresql://...) holding the ledger, the call journal and the "
+                                                 "checkpoints instead of SQLite files under runs/ (default: $HERA_STORE)")
+    p.add_argument("--engine", default=os.environ.get("HERA_ENGINE"),
+                   help="where evaluation episodes run: in this process (default), local:N (a Dask cluster of N worker processes "
+                        "started here) or tcp://HOST:PORT (an existing Dask scheduler); default: $HERA_ENGINE")
     top = p.add_subparsers(dest="command", required=True)
     add_serve(top)
     envs = top.add_parser("envs", help="environments and matched pairs").add_subparsers(dest="envs_command", required=True)
@@ -1193,6 +1199,8 @@ def announce(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
+    if args.store:  # read by every store the run opens, in this process and in the processes it starts
+        os.environ["HERA_STORE"] = args.store
     if args.command in ("eval", "evolve-harness", "evolve-envs", "transfer", "coevolve", "compare"):
         api.tune_gc()
     try:
