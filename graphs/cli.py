@@ -62,6 +62,7 @@ from state.context import ConfigError, Context
 from roles.models import chat_model, endpoint_down, endpoint_problem
 from state.evolution import LineageEntry
 from state.ledger import Ledger, LedgerError
+from state.store import StoreError
 from state.paths import RunPaths
 from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 
@@ -1201,11 +1202,14 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else list(argv)
     if args.store:  # read by every store the run opens, in this process and in the processes it starts
         os.environ["HERA_STORE"] = args.store
+    if args.ledger and os.environ.get("HERA_STORE"):
+        say("[red]error:[/] --ledger names a ledger file and --store (or $HERA_STORE) a PostgreSQL store: give one of them")
+        return 2
     if args.command in ("eval", "evolve-harness", "evolve-envs", "transfer", "coevolve", "compare"):
         api.tune_gc()
     try:
         return args.run(args)
-    except (ConfigError, SpecError, LedgerError) as exc:
+    except (ConfigError, SpecError, LedgerError, StoreError) as exc:
         say(f"[red]error:[/] {escape(str(exc))}")
         return 2
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import AsyncIterator, Callable
 
 import aiosqlite
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import StateGraph
@@ -35,6 +36,7 @@ from state.context import ConfigError, Context
 from state.ledger import Ledger, LedgerError, held
 from state.paths import RunPaths
 from state.records import EpisodeRecord
+from state.store import StoreError, redacted, store_url
 
 BUSY_TIMEOUT_S = 60.0  # how long opening or writing the checkpoints waits for another process's write
 SETUP_RETRY_S = 0.05
@@ -78,9 +80,15 @@ def tune_gc() -> None:
 
 
 @asynccontextmanager
-async def checkpointer(path: Path) -> AsyncIterator[AsyncSqliteSaver]:
+async def checkpointer(path: Path) -> AsyncIterator[BaseCheckpointSaver]:
     """A checkpointer on `path` that waits for another writer (a second evaluation in the same runs
-    directory) instead of failing with "database is locked"."""
+    directory) instead of failing with "database is locked"; with a PostgreSQL store (`state.store`), on the
+    store's schema named after the file (`checkpoints`, `evolution`, `coevolution`)."""
+    url = store_url()
+    if url:
+        async with postgres_checkpointer(url, path.stem) as saver:
+            yield saver
+        return
     async with aiosqlite.connect(path, timeout=BUSY_TIMEOUT_S) as conn:
         saver = AsyncSqliteSaver(conn)
         saver.serde = SERDE
@@ -94,6 +102,29 @@ async def checkpointer(path: Path) -> AsyncIterator[AsyncSqliteSaver]:
                 if "locked" not in str(error):
                     raise
                 await asyncio.sleep(SETUP_RETRY_S)
+        yield saver
+
+
+@asynccontextmanager
+async def postgres_checkpointer(url: str, schema: str) -> AsyncIterator[BaseCheckpointSaver]:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg import AsyncConnection, Error
+    from psycopg.rows import dict_row
+
+    try:
+        conn = await AsyncConnection.connect(url, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+    except Error as exc:
+        raise StoreError(f"{redacted(url)}: cannot open the PostgreSQL store ({str(exc).strip().splitlines()[0]})") from None
+    async with conn:
+        # one process at a time makes the schema and runs the checkpointer's migrations
+        await conn.execute("select pg_advisory_lock(hashtext('hera-ddl'))")
+        try:
+            await conn.execute(f'create schema if not exists "{schema}"')
+            await conn.execute(f'set search_path to "{schema}"')
+            saver = AsyncPostgresSaver(conn, serde=SERDE)
+            await saver.setup()
+        finally:
+            await conn.execute("select pg_advisory_unlock(hashtext('hera-ddl'))")
         yield saver
 
 

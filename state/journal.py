@@ -8,7 +8,7 @@ and checkpoint namespace; all stable across a resume), its request, and
 how many identical requests its scope made before it. A resumed run asks the same questions in the same
 order, so it finds the same names; a fresh run never finds one, and calls
 outside a checkpointed run are not journaled at all. Failed calls are not
-kept. The journal lives in `runs/calls.db`.
+kept. The journal lives in `runs/calls.db`, or in the PostgreSQL store (`state.store`).
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from typing import Any, Awaitable, Callable, Iterator, TypeVar
 from langgraph.config import get_config
 
 from state.paths import RunPaths
+from state.store import SqliteTables, Tables, postgres_tables, store_url
 
 T = TypeVar("T")
 _scope: ContextVar[str | None] = ContextVar("hera_call_scope", default=None)
 _counts: ContextVar[dict[str, int] | None] = ContextVar("hera_call_counts", default=None)
-_connections: dict[Path, sqlite3.Connection] = {}
+_connections: dict[Path, SqliteTables] = {}
 _lock = threading.Lock()
 
 
@@ -65,7 +66,11 @@ def current_scope() -> str | None:
     return f"{thread}/{configurable.get('checkpoint_ns', '')}" if thread else None
 
 
-def _db() -> sqlite3.Connection:
+def _db() -> tuple[Tables, threading.Lock]:
+    """The journal's table: `calls.db` under the runs root, or the `journal` schema of the PostgreSQL store."""
+    url = store_url()
+    if url:
+        return postgres_tables(url, "journal")
     path = RunPaths.here().calls
     with _lock:
         if path not in _connections:
@@ -74,8 +79,8 @@ def _db() -> sqlite3.Connection:
             conn.execute("pragma journal_mode=wal")
             conn.execute("pragma synchronous=normal")  # survives a killed process, which is what resuming is for
             conn.execute("create table if not exists calls (id text primary key, reply text not null)")
-            _connections[path] = conn
-        return _connections[path]
+            _connections[path] = SqliteTables(conn, str(path))
+        return _connections[path], _lock
 
 
 async def journaled(request: dict[str, Any], call: Callable[[], Awaitable[T]], dump: Callable[[T], str],
@@ -101,13 +106,13 @@ async def journaled(request: dict[str, Any], call: Callable[[], Awaitable[T]], d
 
 
 def _read(key: str) -> str | None:
-    db = _db()
-    with _lock:
-        row = db.execute("select reply from calls where id = ?", [key]).fetchone()
-    return row[0] if row else None
+    db, lock = _db()
+    with lock:
+        rows = db.select("calls", "id = ?", [key], select="reply")
+    return rows[0]["reply"] if rows else None
 
 
 def _write(key: str, reply: str) -> None:
-    db = _db()
-    with _lock:
-        db.execute("insert or replace into calls (id, reply) values (?, ?)", [key, reply])
+    db, lock = _db()
+    with lock:
+        db.upsert("calls", {"id": key, "reply": reply}, pk="id")

@@ -1,4 +1,4 @@
-"""The run ledger: one SQLite file under `runs/`, written through sqlite-utils.
+"""The run ledger: one SQLite file under `runs/`, or the `ledger` schema of a PostgreSQL store (`state.store`).
 
 It holds private records: certifications, graded episodes (the rollout cache,
 keyed by harness hash, environment hash, task, side, model, seed and trial),
@@ -19,16 +19,15 @@ import socket
 import sqlite3
 import threading
 import time
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import AsyncIterator, Iterator
-
-import sqlite_utils
+from typing import AsyncIterator
 
 from state.evolution import LineageEntry, ProposalOutcome
 from state.paths import RunPaths
 from state.records import Certification, EpisodeRecord, JudgeVerdict
+from state.store import SqliteTables, is_url, postgres_tables, store_url
 
 
 def _now() -> str:
@@ -40,7 +39,7 @@ RENEW_S = 20.0  # how often a claim's owner renews it: several renewals fit in a
 HOST = socket.gethostname()
 WAL_TRIES = 600  # switches to WAL tried, 50 ms apart: 30 s, the busy timeout
 
-_open: dict[Path, tuple[sqlite_utils.Database, threading.Lock]] = {}
+_open: dict[Path, tuple[SqliteTables, threading.Lock]] = {}
 _open_lock = threading.Lock()
 
 
@@ -63,15 +62,20 @@ def _wal(conn: sqlite3.Connection) -> None:
 
 
 class Ledger:
-    """A handle on the ledger file; handles on one file in one process share
-    a connection and a lock."""
+    """A handle on the ledger: a SQLite file, or the `ledger` schema of a PostgreSQL store (`path` a URL, or none
+    given and `$HERA_STORE` set). Handles on one ledger in one process share a connection and a lock."""
 
     def __init__(self, path: Path | str | None = None):
-        self.path = (Path(path) if path else RunPaths.here().ledger).resolve()
+        target = path or store_url()
+        if is_url(target):
+            self.db, self._lock = postgres_tables(str(target), "ledger")
+            self.path = self.db.where  # the claims table is made by the first claim (renewals and releases follow one)
+            return
+        self.path = Path(target or RunPaths.here().ledger).resolve()
         with _open_lock:
             if self.path not in _open or not self.path.exists():
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                _open[self.path] = (sqlite_utils.Database(self._connect()), threading.Lock())
+                _open[self.path] = (SqliteTables(self._connect(), str(self.path)), threading.Lock())
             self.db, self._lock = _open[self.path]
 
     def _connect(self) -> sqlite3.Connection:
@@ -90,8 +94,8 @@ class Ledger:
 
     def record_certification(self, cert: Certification) -> None:
         with self._lock:
-            self.db["certifications"].upsert(
-                {
+            self.db.upsert(
+                "certifications", {
                     "pair_id": cert.pair_id,
                     "feasible_hash": cert.feasible_hash,
                     "infeasible_hash": cert.infeasible_hash,
@@ -119,13 +123,9 @@ class Ledger:
                "bundle": record.bundle, "model": record.key.model, "trial": record.key.trial,
                "status": record.status, "record": record.model_dump_json(), "created_at": _now()}
         with self._lock:
-            stored = record.status != "done" or reused or self._insert("episodes", row, pk="id", ignore=True)
-            self._insert(
-                "attempts",
-                {"episode_id": record.key.id, "run_id": run_id, "pair_id": record.pair_id, "side": record.key.side,
-                 "status": "reused" if reused else record.status, "error": record.error, "created_at": row["created_at"]},
-                alter=True,
-            )
+            stored = record.status != "done" or reused or self.db.insert("episodes", row, ignore=True, pk="id")
+            self.db.insert("attempts", {"episode_id": record.key.id, "run_id": run_id, "pair_id": record.pair_id, "side": record.key.side,
+                                        "status": "reused" if reused else record.status, "error": record.error, "created_at": row["created_at"]})
         return record if stored else self.episode(record.key.id)
 
     def episode(self, episode_id: str) -> EpisodeRecord | None:
@@ -143,8 +143,7 @@ class Ledger:
 
     def record_run(self, run_id: str, **fields) -> None:
         with self._lock:
-            self.db["runs"].upsert({"id": run_id, "updated_at": _now(), **{k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in fields.items()}},
-                                   pk="id", alter=True)
+            self.db.upsert("runs", {"id": run_id, "updated_at": _now(), **fields}, pk="id")
 
     def runs(self) -> list[dict]:
         return self._rows("runs", order_by="updated_at desc")
@@ -158,12 +157,12 @@ class Ledger:
 
     def record_judgement(self, key: str, verdict: JudgeVerdict) -> None:
         with self._lock:
-            self.db["judgements"].upsert({"id": key, "verdict": verdict.model_dump_json(), "created_at": _now()}, pk="id")
+            self.db.upsert("judgements", {"id": key, "verdict": verdict.model_dump_json(), "created_at": _now()}, pk="id")
 
     def record_lineage(self, entry: LineageEntry) -> None:
         """Upserts one lineage entry (a candidate is recorded when staged and again when scored)."""
         with self._lock:
-            self.db["lineage"].upsert({"id": entry.id, "run_id": entry.run_id, "parent_id": entry.parent_id, "adopted": entry.adopted,
+            self.db.upsert("lineage", {"id": entry.id, "run_id": entry.run_id, "parent_id": entry.parent_id, "adopted": entry.adopted,
                                        "entry": entry.model_dump_json(), "updated_at": _now()}, pk="id")
 
     def lineage(self, run_id: str | None = None) -> list[LineageEntry]:
@@ -172,7 +171,7 @@ class Ledger:
 
     def record_proposal(self, run_id: str, outcome: ProposalOutcome) -> None:
         with self._lock:
-            self.db["proposals"].upsert({"id": outcome.pair_id, "run_id": run_id, "parent": outcome.target.parent,
+            self.db.upsert("proposals", {"id": outcome.pair_id, "run_id": run_id, "parent": outcome.target.parent,
                                          "category": outcome.target.category, "status": outcome.status, "rounds": outcome.rounds,
                                          "outcome": outcome.model_dump_json(), "updated_at": _now()}, pk="id")
 
@@ -181,8 +180,7 @@ class Ledger:
 
     def record_batch(self, run_id: str, screening: dict) -> None:
         with self._lock:
-            self.db["batches"].insert({"run_id": run_id, **{k: json.dumps(v) if isinstance(v, list) else v for k, v in screening.items()},
-                                       "created_at": _now()}, alter=True)
+            self.db.insert("batches", {"run_id": run_id, **screening, "created_at": _now()})
 
     def batches(self, run_id: str) -> list[dict]:
         return self._rows("batches", "run_id = ?", [run_id], order_by="rowid")
@@ -190,9 +188,8 @@ class Ledger:
     def record_round(self, run_id: str, round_: int, **fields) -> None:
         """One co-evolution round: its pool, admitted batches, sub-run ids and the harness it ended with."""
         with self._lock:
-            self.db["rounds"].upsert({"id": f"{run_id}:{round_}", "run_id": run_id, "round": round_, "updated_at": _now(),
-                                      **{k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in fields.items()}},
-                                     pk="id", alter=True)
+            self.db.upsert("rounds", {"id": f"{run_id}:{round_}", "run_id": run_id, "round": round_, "updated_at": _now(), **fields},
+                           pk="id")
 
     def rounds(self, run_id: str) -> list[dict]:
         return self._rows("rounds", "run_id = ?", [run_id], order_by="round")
@@ -200,7 +197,7 @@ class Ledger:
     def claim_episode(self, episode_id: str, run_id: str, owner: str) -> tuple[EpisodeRecord | None, dict | None]:
         """In one write transaction: (the finished record, None) when the episode is in the ledger, (None, the
         holder's claim) while another owner that is alive holds it, else (None, None) and `owner` holds it now."""
-        with self._lock, self._transaction():
+        with self._lock, self.db.transaction(f"episode:{episode_id}"):
             row = self._select_one("episodes", "id = ?", [episode_id])
             if row is not None:
                 return EpisodeRecord.model_validate_json(row["record"]), None
@@ -208,16 +205,16 @@ class Ledger:
 
     def claim_run(self, run_id: str, owner: str) -> dict | None:
         """Claims a run for `owner`: None when it holds it now, else the claim of the live owner that does."""
-        with self._lock, self._transaction():
+        with self._lock, self.db.transaction(f"run:{run_id}"):
             return self._take(f"run:{run_id}", run_id, owner)
 
     def renew_claim(self, key: str, owner: str) -> None:
         with self._lock:
-            self.db.conn.execute("update claims set renewed_at = ? where id = ? and owner = ?", [time.time(), key, owner])
+            self.db.execute("update claims set renewed_at = ? where id = ? and owner = ?", [time.time(), key, owner])
 
     def release_claim(self, key: str, owner: str) -> None:
         with self._lock:
-            self.db.conn.execute("delete from claims where id = ? and owner = ?", [key, owner])
+            self.db.execute("delete from claims where id = ? and owner = ?", [key, owner])
 
     def claims(self) -> list[dict]:
         return self._rows("claims", order_by="rowid")
@@ -226,43 +223,14 @@ class Ledger:
         claim = self._select_one("claims", "id = ?", [key])
         if claim is not None and claim["owner"] != owner and _alive(claim):
             return claim
-        self.db.conn.execute("insert or replace into claims (id, run_id, owner, pid, host, started_at, renewed_at) "
-                             "values (?, ?, ?, ?, ?, ?, ?)", [key, run_id, owner, os.getpid(), HOST, _now(), time.time()])
+        self.db.upsert("claims", {"id": key, "run_id": run_id, "owner": owner, "pid": os.getpid(), "host": HOST, "started_at": _now(),
+                                  "renewed_at": time.time()}, pk="id")
         return None
-
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """A write transaction taken at once: a second process's claim waits for it, then reads what it wrote."""
-        self.db.conn.execute("begin immediate")
-        try:
-            yield
-        except BaseException:
-            self.db.conn.execute("rollback")
-            raise
-        self.db.conn.execute("commit")
-
-    def _insert(self, table: str, row: dict, **how) -> bool:
-        """One plain INSERT, the per-episode path; sqlite-utils, which creates
-        the table or (with `alter`) adds columns, only when that fails. Whether a row was added."""
-        columns = ", ".join(f"[{c}]" for c in row)
-        verb = "insert or ignore" if how.get("ignore") else "insert"
-        try:
-            cursor = self.db.conn.execute(f"{verb} into [{table}] ({columns}) values ({', '.join('?' * len(row))})", list(row.values()))
-        except sqlite3.OperationalError:
-            self.db[table].insert(row, **how)
-            return True
-        return cursor.rowcount > 0
 
     def _select_one(self, table: str, where: str, args: list) -> dict | None:
         """The first matching row (None without the table); the caller holds the lock."""
-        try:
-            cursor = self.db.conn.execute(f"select * from [{table}] where {where} limit 1", args)
-        except sqlite3.OperationalError as exc:
-            if str(exc).startswith("no such table"):
-                return None
-            raise
-        row = cursor.fetchone()
-        return dict(zip([c[0] for c in cursor.description], row)) if row else None
+        rows = self.db.select(table, where, args, limit=1)
+        return rows[0] if rows else None
 
     def _one(self, table: str, where: str, args: list) -> dict | None:
         with self._lock:  # the connection is shared by threads: one statement at a time
@@ -270,9 +238,7 @@ class Ledger:
 
     def _rows(self, table: str, where: str | None = None, args: list | None = None, **how) -> list[dict]:
         with self._lock:
-            if table not in self.db.table_names():
-                return []
-            return list(self.db[table].rows_where(where, args, **how))
+            return self.db.select(table, where, args, **how)
 
 
 def _alive(claim: dict) -> bool:

@@ -1,3 +1,5 @@
+import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -25,3 +27,40 @@ def endpoints_up():
     reset_endpoints()
     yield
     reset_endpoints()
+
+
+@pytest.fixture
+def postgres_databases():
+    """Makes new databases on the test PostgreSQL server ($HERA_TEST_POSTGRES; `.ci/postgres` starts one), each
+    dropped after the test: a function returning a new one's URL. Without a server the test is skipped, or fails
+    where HERA_REQUIRE_POSTGRES is set (CI)."""
+    import psycopg
+
+    base = os.environ.get("HERA_TEST_POSTGRES")
+    if not base:
+        if os.environ.get("HERA_REQUIRE_POSTGRES"):
+            pytest.fail("HERA_REQUIRE_POSTGRES is set but HERA_TEST_POSTGRES names no PostgreSQL server")
+        pytest.skip("no PostgreSQL server: set HERA_TEST_POSTGRES (`. .ci/postgres` starts one)")
+    made = []
+
+    def new() -> str:
+        made.append(f"hera_test_{uuid.uuid4().hex[:12]}")
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'create database "{made[-1]}"')
+        return f"{base.rsplit('/', 1)[0]}/{made[-1]}"
+
+    yield new
+    with psycopg.connect(base, autocommit=True) as conn:
+        for name in made:
+            conn.execute(f'drop database "{name}" with (force)')
+
+
+@pytest.fixture
+def postgres_url(postgres_databases):
+    return postgres_databases()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    """Where a test's ledger lives: a SQLite file, or a new PostgreSQL database (its URL)."""
+    return str(tmp_path / "ledger.db") if request.param == "sqlite" else request.getfixturevalue("postgres_url")

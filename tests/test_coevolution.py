@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psycopg
 import pytest
 import yaml
 
@@ -75,7 +76,7 @@ def register_models(wrap=lambda name, step: step) -> None:
         scripted.register(name, [wrap(name, step)] * n)
 
 
-def models(catalog: Path, ledger: Path) -> Context:
+def models(catalog: Path, ledger: Path | str) -> Context:
     return Context(agent_model="scripted:agent", judge_model="scripted:judge", analyst_model="scripted:analyst",
                    optimizer_model="scripted:optimizer", proposer_model="scripted:proposer", reviewer_model="scripted:reviewer",
                    catalog=str(catalog), ledger=str(ledger))
@@ -147,22 +148,31 @@ def test_baselines_grow_the_pool_as_configured(context, env, growth, designs):
         assert [b["admitted"] for b in screens] == [1, 1] and not Ledger(context.ledger).batches(f"{run_id}-e2")
 
 
-def journaled_roles(name: Path) -> Counter:
-    with sqlite3.connect(name / "runs" / "calls.db") as db:
-        return Counter(json.loads(reply)["usage"]["role"] for (reply,) in db.execute("select reply from calls"))
+def journaled_roles(name: Path, store: str | None) -> Counter:
+    if store:
+        with psycopg.connect(store) as db:
+            replies = db.execute("select reply from journal.calls").fetchall()
+    else:
+        with sqlite3.connect(name / "runs" / "calls.db") as db:
+            replies = db.execute("select reply from calls").fetchall()
+    return Counter(json.loads(reply)["usage"]["role"] for (reply,) in replies)
 
 
-@pytest.mark.parametrize("role,nth", [
-    ("agent", 6),       # in the middle of an episode of round 1's diagnosis
-    ("optimizer", 1),   # inside round 1's harness-evolution block, after its coding agent answered
+@pytest.mark.parametrize("role,nth,where", [
+    ("agent", 6, "sqlite"),       # in the middle of an episode of round 1's diagnosis
+    ("optimizer", 1, "sqlite"),   # inside round 1's harness-evolution block, after its coding agent answered
+    ("optimizer", 1, "postgres"),  # the same with ledger, journal and checkpoints in PostgreSQL
 ])
-def test_resume_after_sigkill_repeats_no_finished_episode_or_model_call(tmp_path, role, nth):
+def test_resume_after_sigkill_repeats_no_finished_episode_or_model_call(tmp_path, role, nth, where, request):
     catalog = make_catalog(tmp_path)
+    stores = {name: request.getfixturevalue("postgres_databases")() if where == "postgres" else None for name in ("whole", "killed")}
 
     def driver(name: str) -> tuple[list[str], dict]:
         env = {**os.environ, "HERA_RUNS": str(tmp_path / name / "runs"), "PYTHONPATH": str(ROOT)}
+        if stores[name]:
+            env["HERA_STORE"] = stores[name]
         (tmp_path / name).mkdir(exist_ok=True)
-        args = [str(catalog), str(tmp_path / name / "ledger.db"), str(tmp_path / name / "calls.log"), "co-kill"]
+        args = [str(catalog), stores[name] or str(tmp_path / name / "ledger.db"), str(tmp_path / name / "calls.log"), "co-kill"]
         return [sys.executable, "-m", "tests.drivers.coevolve_shop", *args], env
 
     # the reference: the same run, never interrupted
@@ -189,12 +199,14 @@ def test_resume_after_sigkill_repeats_no_finished_episode_or_model_call(tmp_path
     # run's does — and none made again after the resume (each is logged once more when it is); a call in flight
     # at the kill was not finished and is made after the resume. A kill between a journal write and its log line
     # leaves the log one short, never over.
-    assert journaled_roles(tmp_path / "killed") == journaled_roles(tmp_path / "whole")
+    assert journaled_roles(tmp_path / "killed", stores["killed"]) == journaled_roles(tmp_path / "whole", stores["whole"])
     finished = Counter(line for line in log.read_text().splitlines() if line.startswith("done "))
     reference = Counter(line for line in (tmp_path / "whole" / "calls.log").read_text().splitlines() if line.startswith("done "))
     assert any(line.startswith("done ") for line in lines)
     assert finished <= reference and reference.total() - finished.total() <= 1, f"{dict(finished)} against {dict(reference)}"
-    ledger = Ledger(tmp_path / "killed" / "ledger.db")
+    if stores["killed"]:  # nothing of the run went to SQLite files
+        assert not list((tmp_path / "killed").rglob("*.db")) and not (tmp_path / "killed" / "ledger.db").exists()
+    ledger = Ledger(stores["killed"] or tmp_path / "killed" / "ledger.db")
     assert [r["round"] for r in ledger.rounds("co-kill")] == [1, 2]
     executed = [a["episode_id"] for run in ledger.runs() for a in ledger.attempts(run["id"]) if a["status"] == "done"]
     assert len(executed) == len(set(executed)), "an episode that finished was run again"

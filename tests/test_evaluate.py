@@ -18,6 +18,7 @@ from graphs.cli import main
 from roles.models import scripted
 from roles.models import ContextLimitError, InfrastructureError, endpoint_down
 from state.context import Context
+from state.store import is_url
 from state.ledger import Ledger
 from tests.conftest import FIXTURES
 from tests.scripts import shop_agent, shop_judge
@@ -141,9 +142,11 @@ def test_an_endpoint_lost_mid_run_stops_it_and_a_resume_loses_nothing(context):
     assert statuses.count("reused") == 2 and statuses.count("done") == 4
 
 
-def test_resume_after_sigkill_runs_no_finished_episode_twice(tmp_path):
+def test_resume_after_sigkill_runs_no_finished_episode_twice(tmp_path, store):
     env = {**os.environ, "HERA_RUNS": str(tmp_path / "runs")}
-    ledger = str(tmp_path / "ledger.db")
+    if is_url(store):  # the checkpoints and the call journal in the PostgreSQL store too
+        env["HERA_STORE"] = store
+    ledger = store
     cmd = [sys.executable, "-m", "tests.drivers.evaluate_shop", ledger, str(tmp_path / "log1"), "run-1"]
     proc = subprocess.Popen(cmd, env=env)
     deadline = time.time() + 60

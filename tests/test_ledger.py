@@ -1,4 +1,4 @@
-"""The ledger's claims (one writer per episode and per run) and a damaged ledger file."""
+"""The ledger's claims (one writer per episode and per run) and a damaged ledger file, in SQLite and in PostgreSQL."""
 
 import os
 import subprocess
@@ -13,13 +13,13 @@ from tests.test_report import episode
 
 
 @pytest.fixture
-def ledger(tmp_path):
-    return Ledger(tmp_path / "ledger.db")
+def ledger(store):
+    return Ledger(store)
 
 
 def backdate(ledger: Ledger, key: str, **fields) -> None:
     sets = ", ".join(f"{k} = ?" for k in fields)
-    ledger.db.conn.execute(f"update claims set {sets} where id = ?", [*fields.values(), key])
+    ledger.db.execute(f"update claims set {sets} where id = ?", [*fields.values(), key])
 
 
 def test_a_claim_is_held_then_released(ledger):

@@ -27,7 +27,7 @@ def main(catalog: str, ledger: str, log_path: str, run_id: str) -> None:
             f.write(f"done {json.loads(reply)['usage']['role']}\n")
 
     journal._write = write
-    asyncio.run(api.run_coevolution("H0", models(Path(catalog), Path(ledger)), run_id=run_id, **SETTINGS))
+    asyncio.run(api.run_coevolution("H0", models(Path(catalog), ledger), run_id=run_id, **SETTINGS))  # a ledger URL is no path
 
 
 def logged(name, step, log_path):
