@@ -62,7 +62,7 @@ from state.context import ConfigError, Context
 from roles.models import chat_model, endpoint_down, endpoint_problem
 from state.evolution import LineageEntry
 from state.ledger import Ledger, LedgerError
-from state.store import StoreError
+from state.store import StoreError, redacted
 from state.paths import RunPaths
 from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 
@@ -1191,8 +1191,8 @@ CATALOG_COMMANDS = ("eval", "evolve-harness", "evolve-envs", "coevolve", "compar
 def announce(args: argparse.Namespace) -> str:
     """Says, before a long command starts, its run id (the one given, else a new one) and how to resume it."""
     run_id = args.run_id or api.new_run_id()
-    argv = [a for i, a in enumerate(args.argv) if a != "--run-id" and not a.startswith("--run-id=")
-            and (i == 0 or args.argv[i - 1] != "--run-id")]
+    argv = [redacted(a) for i, a in enumerate(args.argv) if a != "--run-id" and not a.startswith("--run-id=")
+            and (i == 0 or args.argv[i - 1] != "--run-id")]  # a store's password is not printed
     say(f"run {run_id}; to resume it: `hera {escape(shlex.join([*argv, '--run-id', run_id]))}`")
     return run_id
 

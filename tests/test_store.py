@@ -60,3 +60,13 @@ def test_a_store_that_cannot_be_used_is_named_without_its_password(capsys, tmp_p
     code, _, err = evaluate(capsys, "--store", url)
     assert code == 2 and said in " ".join(err.split()) and "s3cret" not in err
     assert not list(tmp_path.rglob("*.db"))
+
+
+def test_the_resume_line_does_not_print_the_store_s_password(capsys, tmp_path, postgres_url):
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    user, rest = postgres_url.split("://", 1)[1].split("@", 1)
+    with_password = f"postgresql://{user}:s3cret@{rest}"  # the test server trusts local connections: any password works
+    code, out, err = evaluate(capsys, "--store", with_password)
+    assert code == 0 and "s3cret" not in out + err
+    assert f"--store 'postgresql://{user}:***@{rest}'" in err
