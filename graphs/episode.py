@@ -383,13 +383,15 @@ async def _journaled_as(scope: str | None, run):
         return await run
 
 
-async def run_episode(request: EpisodeRequest, context: Context, episode_id: str, entry: Entry | None = None) -> dict:
+async def run_episode(request: EpisodeRequest, context: Context, episode_id: str, entry: Entry | None = None,
+                      thread: str | None = None) -> dict:
     """Runs one episode to the end. The pair is loaded (unless the caller has
-    it) and the MCP session opened and closed here, in one task, around the graph run."""
+    it) and the MCP session opened and closed here, in one task, around the graph run. `thread` names the
+    checkpointed run the episode belongs to when it runs outside it (on an engine's worker)."""
     catalog = context.catalog
     entry = entry or await asyncio.to_thread(load_entry, request.pair_id, catalog)
     async with environment_session(entry, request.side, catalog, context.env_transport) as session:
-        return await _run(request, context, episode_id, Live(entry.pair.task.instruction, public_context(entry), session))
+        return await _run(request, context, episode_id, Live(entry.pair.task.instruction, public_context(entry), session), thread)
 
 
 async def run_task(bundle: str, instruction: str, public: str, env: EnvironmentSpec, context: Context, episode_id: str) -> dict:
@@ -400,10 +402,10 @@ async def run_task(bundle: str, instruction: str, public: str, env: EnvironmentS
                           Live(instruction, public, session))
 
 
-async def _run(request: EpisodeRequest, context: Context, episode_id: str, live: Live) -> dict:
+async def _run(request: EpisodeRequest, context: Context, episode_id: str, live: Live, thread: str | None = None) -> dict:
     LIVE[episode_id] = live
     run = graph.ainvoke({"request": request, "episode_id": episode_id}, context=context, config={"recursion_limit": 4 * 64 + 10})
-    thread = run_thread()
+    thread = thread or run_thread()
     try:
         # A fresh contextvars context: the episode is the unit of the rollout
         # cache and must not become a checkpointed subgraph of an evaluation.

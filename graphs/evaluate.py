@@ -10,7 +10,7 @@ incomplete for a resume; `scorer` computes the metrics. An episode is run
 under a claim on its key in the ledger: a concurrent evaluation that needs the
 same episode waits for the result instead of running it again, and every run
 scores the record the ledger holds. Concurrency is bounded by the caller's
-`max_concurrency`.
+`max_concurrency`; each attempt runs in this process or on the engine `graphs.engine` opens.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from envs.catalog import Entry, load_entry, side_env
 from envs.grading import ReplayMismatch, deterministic_grade, grade
 from envs.spec import SpecError
 from envs.untrusted import EnvironmentFault
+from graphs import engine
 from graphs.episode import run_episode
 from harness.bundle import load_bundle
 from harness.check import check_bundle
@@ -74,7 +75,10 @@ class EpisodeTask(TypedDict):
 
 
 async def planner(state: EvaluateState, runtime: Runtime[Context]) -> dict:
-    """Rejects a bundle whose hooks fail the sandboxed check, or unknown pairs; records the run."""
+    """Rejects a bundle whose hooks fail the sandboxed check, unknown pairs or an engine it cannot reach (starting a
+    local one); records the run."""
+    if runtime.context.engine:
+        await asyncio.to_thread(engine.client, runtime.context.engine)
     problems = await asyncio.to_thread(_check, state["bundle"])
     if problems:
         raise ConfigError("the bundle fails its checks: " + "; ".join(problems))
@@ -140,7 +144,7 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
         for attempt in range(ctx.max_infra_retries + 1):
             if endpoint_down(ctx.agent_model, ctx.judge_model):
                 break
-            record = await _attempt(entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
+            record = await engine.run_attempt(entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
             record = await asyncio.to_thread(ledger.record_episode, run_id, record)
             if record.status == "done" or record.termination == "environment_error":
                 break
@@ -156,11 +160,13 @@ def _lookup(request: EpisodeRequest, ctx: Context) -> tuple[Entry, EpisodeKey]:
     return entry, key
 
 
-async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger, episode_id: str) -> EpisodeRecord:
+async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger, episode_id: str,
+                   thread: str | None = None) -> EpisodeRecord:
+    """Runs, grades and judges one attempt (`thread`: the run's, on an engine's worker outside it)."""
     base = {"key": key, "pair_id": request.pair_id, "bundle": request.bundle}
     start = time.perf_counter()
     try:
-        out = await run_episode(request, ctx, episode_id, entry)
+        out = await run_episode(request, ctx, episode_id, entry, thread=thread)
     except Exception as exc:
         if not infrastructure(exc):  # our own bug fails the run loudly rather than hiding as a re-run
             raise

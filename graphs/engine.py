@@ -1,0 +1,175 @@
+"""Where evaluation episodes run (`Context.engine`): in this process, or as tasks on a Dask cluster.
+
+`run_attempt` runs one attempt of an episode and returns its record; the caller (the evaluate graph's
+`episode_worker`) keeps the claim, the rollout cache, the ledger writes and the re-runs. With an engine the
+attempt is a Dask task, `attempt`: a worker process loads the pair, opens the ledger (the judge's cached
+verdicts) and runs, grades and judges the episode through the same `_attempt` as in process, with the
+coordinator's `HERA_*` settings and under its call-journal scope. A worker that dies mid-episode (killed, out of
+memory, its machine gone) has its task run again on another worker by Dask, at most `ALLOWED_FAILURES` times on
+a cluster started here; a task Dask gives up on, or loses with the scheduler, comes back as an infrastructure
+error, which the caller re-runs and never scores. `local:N` starts a `LocalCluster` of N single-threaded worker
+processes on first use (closed at exit); `tcp://HOST:PORT` joins a running scheduler. One client per address
+and process, on Dask's own event-loop thread: a result is awaited through a done-callback, so the caller's
+loop (every `asyncio.run` has its own) is never blocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import re
+import threading
+import uuid
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from envs.catalog import Entry, load_entry
+from roles.models import reset_endpoints
+from state.context import ConfigError, Context, EpisodeRequest
+from state.journal import call_scope, current_scope, run_thread
+from state.ledger import Ledger
+from state.paths import runs_dir
+from state.records import EpisodeKey, EpisodeRecord, capped
+
+if TYPE_CHECKING:
+    from distributed import Client, LocalCluster
+
+ALLOWED_FAILURES = 1  # dead workers a task survives on a cluster started here; past that it is an infrastructure error
+CONNECT_S = 30  # how long joining a scheduler may take
+LOCAL = re.compile(r"local:(\d+)")
+REMOTE = re.compile(r"tcp://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):(\d{1,5})")
+
+_clusters: dict[int, LocalCluster] = {}
+_clients: dict[str, Client] = {}
+_lock = threading.Lock()
+_tuned = False
+_last_run: str | None = None  # in a worker: the run whose episode it ran last
+
+
+def parse_engine(engine: str) -> int | str:
+    """The worker count of `local:N`, or the scheduler address of `tcp://HOST:PORT`."""
+    local = LOCAL.fullmatch(engine)
+    if local and int(local[1]) >= 1:
+        return int(local[1])
+    if REMOTE.fullmatch(engine) and 0 < int(engine.rpartition(":")[2]) < 65536:
+        return engine
+    raise ConfigError(f"--engine (or HERA_ENGINE) {engine!r}: expected local:N (N ≥ 1 worker processes started here) or "
+                      "tcp://HOST:PORT (the address of a running Dask scheduler)")
+
+
+def client(engine: str) -> Client:
+    """The process's client of `engine`, starting its LocalCluster or joining its scheduler on first use
+    (blocking: call it off the event loop)."""
+    target = parse_engine(engine)
+    try:
+        import dask
+        from distributed import Client, LocalCluster
+    except ImportError as exc:
+        raise ConfigError(f"--engine {engine}: Dask is not installed ({exc}); install the cluster extra: pip install 'hera[cluster]'") from None
+    with _lock:
+        if not _clusters and not _clients:  # after Dask's own exit handlers, so it runs before them
+            atexit.register(close)
+        if isinstance(target, int) and target not in _clusters:
+            with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
+                _clusters[target] = LocalCluster(n_workers=target, threads_per_worker=1, processes=True, dashboard_address=None)
+        address = _clusters[target].scheduler_address if isinstance(target, int) else target
+        if address not in _clients:
+            try:
+                _clients[address] = Client(address, timeout=CONNECT_S)
+            except OSError as exc:  # Dask's connection timeout is an OSError too
+                raise ConfigError(f"--engine {engine}: no Dask scheduler answered at {address} within {CONNECT_S} s ({exc}); "
+                                  "start one (`dask scheduler`) with workers (`dask worker ADDRESS`)") from None
+        return _clients[address]
+
+
+def close() -> None:
+    """Closes this process's clients and the clusters it started."""
+    with _lock:
+        for c in _clients.values():
+            c.close()
+        for cluster in _clusters.values():
+            cluster.close()
+        _clients.clear()
+        _clusters.clear()
+
+
+
+async def run_attempt(entry: Entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger,
+                      episode_id: str) -> EpisodeRecord:
+    """One attempt of an episode, in this process or (with `ctx.engine`) as a task named after the attempt."""
+    from graphs.evaluate import _attempt
+
+    if not ctx.engine:
+        return await _attempt(entry, request, key, ctx, ledger, episode_id)
+    from distributed import KilledWorker
+    from distributed.client import FutureCancelledError
+    from distributed.comm import CommClosedError
+
+    dask = await asyncio.to_thread(client, ctx.engine)
+    future = dask.submit(attempt, request, key, _portable(ctx), episode_id, settings(), run_thread(), current_scope(),
+                         key=f"episode-{episode_id}-{uuid.uuid4().hex[:8]}", pure=False)
+    try:
+        await _finished(future)
+        return await asyncio.to_thread(future.result)  # the record, or the task's own exception (our bug) raised here
+    except (KilledWorker, FutureCancelledError, CommClosedError) as exc:
+        return EpisodeRecord(key=key, pair_id=request.pair_id, bundle=request.bundle, status="infrastructure_error",
+                             error=capped(f"engine {ctx.engine}: {type(exc).__name__}: {exc}"))
+    finally:
+        future.release()
+
+
+async def _finished(future) -> None:
+    """Waits for a Dask future without blocking the loop: Dask calls back from a thread of its own."""
+    loop, finished = asyncio.get_running_loop(), asyncio.Event()
+
+    def wake(_) -> None:
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(finished.set)
+
+    future.add_done_callback(wake)
+    await finished.wait()
+
+
+def settings() -> dict[str, str | None]:
+    """The coordinator's `HERA_*` variables, the runs root made absolute; None for a store it does not use."""
+    return {"HERA_STORE": None} | {k: v for k, v in os.environ.items() if k.startswith("HERA_")} | {"HERA_RUNS": str(runs_dir().resolve())}
+
+
+def _portable(ctx: Context) -> Context:
+    """`ctx` with its catalog and ledger file as absolute paths, which mean the same in a worker."""
+    ledger = ctx.ledger if ctx.ledger is None or "://" in ctx.ledger else str(Path(ctx.ledger).resolve())
+    return replace(ctx, catalog=str(Path(ctx.catalog).resolve()), ledger=ledger)
+
+
+def attempt(request: EpisodeRequest, key: EpisodeKey, ctx: Context, episode_id: str, env: dict[str, str | None],
+            thread: str | None, scope: str | None) -> EpisodeRecord:
+    """The Dask task: one attempt of an episode in a worker process, with the coordinator's settings `env`; its
+    model calls journaled as in process (the episode's under the run `thread`, the judge's under `scope`)."""
+    global _tuned, _last_run
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if not _tuned:  # a worker runs many episodes: its collector tuned as `hera eval` tunes the coordinator's
+        from graphs.runner import tune_gc
+
+        tune_gc()
+        _tuned = True
+    if thread != _last_run:  # a new run tries again the endpoints an earlier one found down, as it does in process
+        reset_endpoints()
+        _last_run = thread
+    return asyncio.run(_attempt_here(request, key, ctx, episode_id, thread, scope))
+
+
+async def _attempt_here(request: EpisodeRequest, key: EpisodeKey, ctx: Context, episode_id: str, thread: str | None,
+                        scope: str | None) -> EpisodeRecord:
+    from graphs.evaluate import _attempt
+
+    entry = await asyncio.to_thread(load_entry, request.pair_id, ctx.catalog)
+    ledger = await asyncio.to_thread(Ledger, ctx.ledger)
+    with call_scope(scope) if scope else nullcontext():
+        return await _attempt(entry, request, key, ctx, ledger, episode_id, thread=thread)

@@ -1,0 +1,133 @@
+"""Episodes on a Dask engine (`--engine local:2`): the same grades and metrics as in process, a worker killed
+mid-episode costs a re-run and nothing is counted twice, a bad engine is a ConfigError."""
+
+import asyncio
+import os
+import re
+import signal
+import sqlite3
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+from distributed import WorkerPlugin
+
+from graphs import api, engine
+from graphs.runner import Evaluation
+from graphs.cli import main
+from roles.models import scripted
+from state.context import ConfigError, Context
+from state.ledger import Ledger
+from tests.conftest import FIXTURES
+from tests.scripts import shop_agent, shop_judge
+
+PAIR = "shop-reserve-drill"
+ENGINE = "local:2"
+
+
+class Scripts(WorkerPlugin):
+    """Registers scripts in every worker process, one started in place of a dead worker too: each process holds
+    its own copy, as strict as the coordinator's."""
+
+    name = "scripts"
+
+    def __init__(self, **scripts):
+        self.scripts = scripts
+
+    def setup(self, worker):
+        scripted.clear()
+        for name, steps in self.scripts.items():
+            scripted.register(name, steps)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield engine.client(ENGINE)
+    engine.close()
+
+
+@pytest.fixture
+def context(tmp_path):
+    scripted.clear()
+    yield Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES),
+                  ledger=str(tmp_path / "ledger.db"), max_infra_retries=1)
+    scripted.clear()
+
+
+def calls(name: str) -> int:
+    return len(scripted.calls(name))
+
+
+def journaled() -> int:
+    with sqlite3.connect(Path(os.environ["HERA_RUNS"]) / "calls.db") as db:
+        return db.execute("select count(*) from calls").fetchone()[0]
+
+
+def outcome(run: Evaluation) -> dict:
+    return {e.key.side: (e.status, e.termination, e.answer, [o.tool for o in e.observations], e.grade, e.usage) for e in run.episodes}
+
+
+def test_episodes_on_the_engine_are_graded_and_scored_as_in_process(cluster, context, tmp_path):
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    here = asyncio.run(api.evaluate("H0", [PAIR], context))
+    scripted.assert_consumed()
+    assert journaled() == 7  # every model call of the run, kept for a resume
+    scripted.clear()  # a model call in this process would now fail the run
+    cluster.register_plugin(Scripts(agent=[shop_agent] * 5, judge=[shop_judge] * 2))
+    remote = Context(**{**context.__dict__, "ledger": str(tmp_path / "engine.db"), "engine": ENGINE})
+    there = asyncio.run(api.evaluate("H0", [PAIR], remote))
+    assert there.metrics.model_dump() == here.metrics.model_dump() and there.metrics.counts["pair"] == 1
+    assert outcome(there) == outcome(here)
+    assert sum(cluster.run(calls, "agent").values()) == 5 and sum(cluster.run(calls, "judge").values()) == 2
+    assert journaled() == 14  # the workers journaled theirs under the engine run's scopes, as in process
+    attempts = Ledger(remote.ledger).attempts(there.run_id)
+    assert sorted((a["side"], a["status"]) for a in attempts) == [("abstain", "done"), ("act", "done")]
+
+
+def stalled_agent(messages, tools, marker: str):
+    """The shop agent, except that the first call anywhere writes its process id to `marker` and stalls."""
+    try:
+        with open(marker, "x") as f:
+            f.write(str(os.getpid()))
+    except FileExistsError:
+        return shop_agent(messages, tools)
+    time.sleep(120)
+    raise AssertionError("the stalled call outlived its worker")
+
+
+def test_a_worker_killed_mid_episode_has_it_run_again_and_counted_once(cluster, context, tmp_path):
+    marker = tmp_path / "stalled.pid"
+    cluster.register_plugin(Scripts(agent=[partial(stalled_agent, marker=str(marker))] * 5, judge=[shop_judge] * 2))
+    workers = set(cluster.run(os.getpid).values())
+    remote = Context(**{**context.__dict__, "engine": ENGINE})
+
+    async def kill_the_stalled_worker() -> int:
+        while not (marker.exists() and marker.read_text()):
+            await asyncio.sleep(0.05)
+        pid = int(marker.read_text())
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    async def both():
+        return await asyncio.gather(api.evaluate("H0", [PAIR], remote), kill_the_stalled_worker())
+
+    run, killed = asyncio.run(both())
+    assert killed in workers and killed not in cluster.run(os.getpid).values()
+    assert run.metrics.complete and run.metrics.counts["pair"] == 1
+    ledger = Ledger(remote.ledger)
+    attempts = ledger.attempts(run.run_id)
+    assert sorted((a["side"], a["status"]) for a in attempts) == [("abstain", "done"), ("act", "done")]
+    assert sorted(e.key.side for e in ledger.episodes(run.run_id)) == ["abstain", "act"]
+
+
+@pytest.mark.parametrize("value", ["local:0", "local:", "local:two", "foo", "tcp://scheduler", "tcp://host:99999", "http://host:8786"])
+def test_an_engine_that_is_neither_local_n_nor_a_scheduler_address_is_a_config_error(value, context, capsys):
+    with pytest.raises(ConfigError, match=re.escape(f"--engine (or HERA_ENGINE) {value!r}: expected local:N (N ≥ 1")):
+        engine.parse_engine(value)
+    assert engine.parse_engine("local:3") == 3 and engine.parse_engine("tcp://10.0.0.5:8786") == "tcp://10.0.0.5:8786"
+    base = ["--catalog", str(FIXTURES), "--ledger", context.ledger, "--engine", value]
+    assert main([*base, "eval", "--model", "scripted:agent", "--judge-model", "scripted:judge", "--pairs", PAIR]) == 2
+    assert f"error: --engine (or HERA_ENGINE) '{value}': expected local:N" in " ".join(capsys.readouterr().err.split())
+    assert Ledger(context.ledger).runs() == []
