@@ -131,3 +131,9 @@ def test_an_engine_that_is_neither_local_n_nor_a_scheduler_address_is_a_config_e
     assert main([*base, "eval", "--model", "scripted:agent", "--judge-model", "scripted:judge", "--pairs", PAIR]) == 2
     assert f"error: --engine (or HERA_ENGINE) '{value}': expected local:N" in " ".join(capsys.readouterr().err.split())
     assert Ledger(context.ledger).runs() == []
+
+
+def test_a_scheduler_that_does_not_answer_is_a_config_error(monkeypatch):
+    monkeypatch.setattr(engine, "CONNECT_S", 1)
+    with pytest.raises(ConfigError, match=re.escape("--engine tcp://127.0.0.1:1: no Dask scheduler answered at tcp://127.0.0.1:1 within 1 s")):
+        engine.client("tcp://127.0.0.1:1")
