@@ -251,6 +251,15 @@ def _mentioned(value: str, text: str) -> bool:
     return re.search(r"(?<![A-Za-z0-9])" + re.escape(value.casefold()) + r"(?![A-Za-z0-9])", text) is not None
 
 
+EXAMPLE = re.compile(r"\b(?:such as|e\.g\.,?|for example|for instance)\s+(?:\"[^\"]*\"|'[^']*'|\S+)", re.IGNORECASE)
+
+
+def without_examples(text: str) -> str:
+    """`text` without the example values it gives ("an id such as "P-99999""): a small model copies a tool
+    description's example id into its call, and an example is no record."""
+    return EXAMPLE.sub("", text)
+
+
 def _unseen(args: dict[str, Any], tool: ToolInfo | None, known: str) -> list[tuple[str, str]]:
     """The identifiers among `args` that `known` (casefolded text the agent had seen) never mentions: guesses."""
     return [(f, v) for f, v in _identifiers(args, tool) if not _mentioned(v, known)]
@@ -276,7 +285,7 @@ class GroundIdentifiers(Component):
 
     def before_tool_call(self, view, call):
         tool = next((t for t in view.tools if t.name == call.name), None)
-        known = "\n".join([view.instruction, view.context, *(f"{t.name} {t.description}" for t in view.tools),
+        known = "\n".join([view.instruction, view.context, *(f"{t.name} {without_examples(t.description)}" for t in view.tools),
                            *(o.text for o in view.observations)]).casefold()
         unseen = _unseen(call.args, tool, known)
         if not unseen:

@@ -11,7 +11,7 @@ import json
 from langchain_core.messages import HumanMessage
 
 from envs.catalog import Entry
-from harness.components import guessed_calls
+from harness.components import guessed_calls, without_examples
 from prompts import render
 from roles.models import chat_model
 from state.evolution import Diagnosis, FailureGroup, FailureKind, FailureRecord, GroupCause
@@ -57,9 +57,10 @@ def _outcome_kind(record: EpisodeRecord) -> FailureKind | None:
 
 
 def _given(entry: Entry) -> str:
-    """What an episode's agent had read before its first call: the request, its context, the tools' source."""
+    """What an episode's agent had read before its first call: the request, its context, the tools' source (their
+    descriptions) without the example values it gives."""
     task = entry.pair.task
-    return "\n".join([task.instruction, task.system_prompt, entry.env.policy, entry.env.tools_source])
+    return "\n".join([task.instruction, task.system_prompt, entry.env.policy, without_examples(entry.env.tools_source)])
 
 
 def failure_records(records: list[EpisodeRecord], entries: dict[str, Entry]) -> list[FailureRecord]:

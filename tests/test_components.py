@@ -208,6 +208,11 @@ def test_ground_identifiers_blocks_an_id_seen_nowhere_and_names_the_tools_that_f
     assert c.before_tool_call(small_view(), call("find_permits", name="Ana Ruiz")) is None
     assert c.before_tool_call(small_view(found), call("issue_permit", permit_id="BP-2291", fee=120.5, kind="B2")) is None
     assert c.before_tool_call(small_view(found), call("get_permit", permit_id="BP-229")).action == "block"
+    # an id a tool description gives as an example is no record; one it names otherwise is known
+    described = small_view()
+    described.tools = [GET.model_copy(update={"description": 'One permit by its id, such as "BP-9999"; the office is OFF-12.'}), ISSUE]
+    assert c.before_tool_call(described, call("get_permit", permit_id="BP-9999")).action == "block"
+    assert c.before_tool_call(described, call("get_permit", permit_id="OFF-12")) is None
 
 
 def test_one_write_per_turn():

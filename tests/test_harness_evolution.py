@@ -450,7 +450,7 @@ def test_two_candidates_of_a_block_never_carry_the_same_edit(context):
 
 
 def test_guessed_calls_are_failed_lookups_of_ids_seen_nowhere_before():
-    from harness.components import guessed_calls
+    from harness.components import guessed_calls, without_examples
     from state.records import Observation
 
     miss = Observation(tool="get_employee", args={"employee_id": "E-9985"}, ok=False, error_code="not_found", message="no such employee")
@@ -462,6 +462,9 @@ def test_guessed_calls_are_failed_lookups_of_ids_seen_nowhere_before():
     assert guessed_calls("Give Ana Diaz a day off.", [found, read]) == []  # an earlier result showed it
     assert guessed_calls("Give Ana Diaz a day off.", [read.model_copy(update={"ok": True, "output": {"name": "Ana"}})]) == []  # it worked
     assert guessed_calls("Give Ana Diaz a day off.", [miss.model_copy(update={"source": "harness"})]) == []  # the harness's own lookup
+    described = 'employee_id: an employee id such as "E-9985", for example E-1002.'
+    assert guessed_calls(without_examples(described), [miss]) == ["get_employee(employee_id='E-9985')"]  # an example is no record
+    assert without_examples(described).startswith("employee_id: an employee id ,") and "E-1002" not in without_examples(described)
 
 
 def test_a_give_up_after_guessed_ids_is_its_own_failure_kind():
