@@ -3,7 +3,7 @@
 `run_attempt` runs one attempt of an episode and returns its record; the caller (the evaluate graph's
 `episode_worker`) keeps the claim, the rollout cache, the ledger writes and the re-runs. With an engine the
 attempt is a Dask task, `attempt`: a worker process loads the pair, opens the ledger (the judge's cached
-verdicts) and runs, grades and judges the episode through the same `_attempt` as in process, with the
+verdicts) and runs, grades and judges the episode through the same function as in process, with the
 coordinator's `HERA_*` settings and under its call-journal scope. A worker that dies mid-episode (killed, out of
 memory, its machine gone) has its task run again on another worker by Dask, at most `ALLOWED_FAILURES` times on
 a cluster started here; a task Dask gives up on, or loses with the scheduler, comes back as an infrastructure
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import os
 import re
 import threading
@@ -24,7 +25,7 @@ import uuid
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from envs.catalog import Entry, load_entry
 from roles.models import reset_endpoints
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from distributed import Client, LocalCluster
 
 ALLOWED_FAILURES = 1  # dead workers a task survives on a cluster started here; past that it is an infrastructure error
+Attempt = Callable[..., Awaitable[EpisodeRecord]]
 CONNECT_S = 30  # how long joining a scheduler may take
 LOCAL = re.compile(r"local:(\d+)")
 REMOTE = re.compile(r"tcp://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):(\d{1,5})")
@@ -45,7 +47,6 @@ REMOTE = re.compile(r"tcp://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):(\d{1,5})")
 _clusters: dict[int, LocalCluster] = {}
 _clients: dict[str, Client] = {}
 _lock = threading.Lock()
-_tuned = False
 _last_run: str | None = None  # in a worker: the run whose episode it ran last
 
 
@@ -96,20 +97,18 @@ def close() -> None:
         _clusters.clear()
 
 
-
-async def run_attempt(entry: Entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger,
+async def run_attempt(run: Attempt, entry: Entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger,
                       episode_id: str) -> EpisodeRecord:
-    """One attempt of an episode, in this process or (with `ctx.engine`) as a task named after the attempt."""
-    from graphs.evaluate import _attempt
-
+    """`run(entry, request, key, ctx, ledger, episode_id)` (the evaluate graph's attempt: run, grade, judge), in this
+    process or (with `ctx.engine`) as a task named after the attempt."""
     if not ctx.engine:
-        return await _attempt(entry, request, key, ctx, ledger, episode_id)
+        return await run(entry, request, key, ctx, ledger, episode_id)
     from distributed import KilledWorker
     from distributed.client import FutureCancelledError
     from distributed.comm import CommClosedError
 
     dask = await asyncio.to_thread(client, ctx.engine)
-    future = dask.submit(attempt, request, key, _portable(ctx), episode_id, settings(), run_thread(), current_scope(),
+    future = dask.submit(attempt, run, request, key, _portable(ctx), episode_id, coordinator(), run_thread(), current_scope(),
                          key=f"episode-{episode_id}-{uuid.uuid4().hex[:8]}", pure=False)
     try:
         await _finished(future)
@@ -133,9 +132,11 @@ async def _finished(future) -> None:
     await finished.wait()
 
 
-def settings() -> dict[str, str | None]:
-    """The coordinator's `HERA_*` variables, the runs root made absolute; None for a store it does not use."""
-    return {"HERA_STORE": None} | {k: v for k, v in os.environ.items() if k.startswith("HERA_")} | {"HERA_RUNS": str(runs_dir().resolve())}
+def coordinator() -> dict:
+    """What a worker takes from this process: its `HERA_*` variables (the runs root made absolute; None for a store it
+    does not use) and its collector's tuning (`graphs.runner.tune_gc`)."""
+    env = {"HERA_STORE": None} | {k: v for k, v in os.environ.items() if k.startswith("HERA_")} | {"HERA_RUNS": str(runs_dir().resolve())}
+    return {"env": env, "gc_threshold": gc.get_threshold(), "gc_frozen": gc.get_freeze_count() > 0}
 
 
 def _portable(ctx: Context) -> Context:
@@ -144,32 +145,29 @@ def _portable(ctx: Context) -> Context:
     return replace(ctx, catalog=str(Path(ctx.catalog).resolve()), ledger=ledger)
 
 
-def attempt(request: EpisodeRequest, key: EpisodeKey, ctx: Context, episode_id: str, env: dict[str, str | None],
+def attempt(run: Attempt, request: EpisodeRequest, key: EpisodeKey, ctx: Context, episode_id: str, settings: dict,
             thread: str | None, scope: str | None) -> EpisodeRecord:
-    """The Dask task: one attempt of an episode in a worker process, with the coordinator's settings `env`; its
-    model calls journaled as in process (the episode's under the run `thread`, the judge's under `scope`)."""
-    global _tuned, _last_run
-    for name, value in env.items():
+    """The Dask task: `run` in a worker process, set as the coordinator is (`settings`), the pair loaded and the
+    ledger opened here; its model calls journaled as in process (the episode's under the run `thread`, the
+    judge's under `scope`)."""
+    global _last_run
+    for name, value in settings["env"].items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    if not _tuned:  # a worker runs many episodes: its collector tuned as `hera eval` tunes the coordinator's
-        from graphs.runner import tune_gc
-
-        tune_gc()
-        _tuned = True
+    gc.set_threshold(*settings["gc_threshold"])
+    if settings["gc_frozen"] and not gc.get_freeze_count():  # start-up objects out of the collector's view, once
+        gc.freeze()
     if thread != _last_run:  # a new run tries again the endpoints an earlier one found down, as it does in process
         reset_endpoints()
         _last_run = thread
-    return asyncio.run(_attempt_here(request, key, ctx, episode_id, thread, scope))
+    return asyncio.run(_attempt_here(run, request, key, ctx, episode_id, thread, scope))
 
 
-async def _attempt_here(request: EpisodeRequest, key: EpisodeKey, ctx: Context, episode_id: str, thread: str | None,
+async def _attempt_here(run: Attempt, request: EpisodeRequest, key: EpisodeKey, ctx: Context, episode_id: str, thread: str | None,
                         scope: str | None) -> EpisodeRecord:
-    from graphs.evaluate import _attempt
-
     entry = await asyncio.to_thread(load_entry, request.pair_id, ctx.catalog)
     ledger = await asyncio.to_thread(Ledger, ctx.ledger)
     with call_scope(scope) if scope else nullcontext():
-        return await _attempt(entry, request, key, ctx, ledger, episode_id, thread=thread)
+        return await run(entry, request, key, ctx, ledger, episode_id, thread=thread)

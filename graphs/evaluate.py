@@ -144,7 +144,7 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
         for attempt in range(ctx.max_infra_retries + 1):
             if endpoint_down(ctx.agent_model, ctx.judge_model):
                 break
-            record = await engine.run_attempt(entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
+            record = await engine.run_attempt(_attempt, entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
             record = await asyncio.to_thread(ledger.record_episode, run_id, record)
             if record.status == "done" or record.termination == "environment_error":
                 break
