@@ -48,6 +48,8 @@ EDIT_ASKS = 3
 # What a prompt addition or a skill must not be: narration of the change, the harness's own internals, first person.
 INTERNALS = ("harness", "component", "components", "skill", "skills", "turn limit", "turn budget", "max_turns", "number of turns",
              "the failures", "failure group", "system prompt", "this change", "these changes", "to address", "the prompt",
+             # an engineer's words: a 1.5B optimizer wrote "implement a more robust data retrieval mechanism, such as caching"
+             "implement", "implementation", "configuration", "parameter", "mechanism", "caching", "overabstention", "over-abstention",
              *(n.replace("_", " ") for n in LIBRARY), *LIBRARY,
              *(k.replace("_", " ") for k in get_args(FailureKind) if k != "error"))
 FIRST_PERSON = re.compile(r"\b(?:I|I'm|I've|I'd|I'll|me|my|we|we've|we're|we'll|our|us)\b")

@@ -23,6 +23,7 @@ from harness.components import LIBRARY
 from roles.harness_optimizer import (
     MAX_COMPONENT_CHANGES,
     EditError,
+    addition_problems,
     apply_edit,
     code_edit,
     describe_bundle,
@@ -30,6 +31,7 @@ from roles.harness_optimizer import (
     file_tool,
     new_prompt_text,
     signature,
+    skill_problems,
     stage,
     structured_edit,
 )
@@ -343,6 +345,18 @@ def test_failure_kinds(side, termination, success, abstained, committed, failure
     key = EpisodeKey(harness_hash="h", env_hash="e", task_id="t", side=side, model="m", seed=0, trial=0)
     grade = Grade(side=side, success=success, abstained=abstained, committed=committed, grounded=False, failures=failures)
     assert failure_kind(EpisodeRecord(key=key, pair_id="p", bundle="b", status="done", termination=termination, grade=grade)) == kind
+
+
+def test_an_engineer_s_note_is_not_an_instruction_to_the_agent():
+    # the prompt addition and skill a 1.5B optimizer wrote in a local co-evolution run
+    note = ("To implement a more robust data retrieval mechanism, such as caching or querying the database in a more efficient "
+            "manner, you can add a new configuration parameter for the number of retries.")
+    assert addition_problems(note) == ["the prompt addition is not an instruction to the agent: it names the harness's internals or "
+                                       "the failures ('caching', 'configuration', 'implement', 'mechanism')"]
+    skill = Skill(id="ground-identifiers", title="Control Logic", pattern="insufficient information retrieval, stale records, overabstention",
+                  tip="Implement a more robust data retrieval mechanism, such as caching.")
+    assert any("not an instruction to the agent" in p for p in skill_problems(skill))
+    assert addition_problems("Before changing a record, look it up by name with the search tools and use the id it returns.") == []
 
 
 def test_edit_checks_name_what_is_wrong():
