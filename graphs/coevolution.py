@@ -60,9 +60,17 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 # needs 5 pairs all improving) can pass with one pair left unchanged: with fewer, selection could
 # only ever keep H0, and each pair more costs two episodes per harness scored. One refinement round
 # lets a proposal that a review or check rejects choose again with the reason in hand.
+# `standard` is sized from measured local runs (10-turn cap, two cores): an H0 episode takes 1.6 min on average
+# (act sides that run to the cap up to 6 min), a structured-mode candidate's 0.1–0.8 min, building a candidate
+# 4–5 min, a certified proposal 2–4 min. Its H0 scoring (8 training, 16 validation, 12 bench episodes) is about
+# an hour; each of its 3 rounds (2 proposals and their screening, one candidate on the grown pool and the
+# validation pairs) 30–45 minutes: about 3 hours in all, an estimate until a run measures it. Its pairs include
+# quick's, so a harness's quick episodes are reused from the rollout cache; like every run it resumes with `--run-id`.
 PRESETS: dict[str, dict] = {
     "quick": {"train": 2, "validation": 6, "bench": 1, "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
               "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": 10},
+    "standard": {"train": 4, "validation": 8, "bench": 6, "rounds": 3, "proposers": 2, "batch_size": 2, "budget": 1,
+                 "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": 10},
     "paper": {"train": 20, "validation": 15, "bench": None, "rounds": 6, "proposers": 5, "batch_size": 5, "budget": 2,
               "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": None},
 }

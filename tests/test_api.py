@@ -61,6 +61,14 @@ def test_a_protocol_is_the_preset_with_the_overrides_and_the_catalogs_splits_in_
         api.protocol("quick", str(FIXTURES))  # the fixture catalog has training pairs only
 
 
+def test_the_standard_protocol_holds_the_quick_one_so_its_episodes_are_reused():
+    quick, small = api.protocol("quick", str(CATALOG))
+    standard, large = api.protocol("standard", str(CATALOG))
+    assert {k: len(v) for k, v in large.items()} == {"train": 4, "validation": 8, "bench": 6}
+    assert all(large[split][:len(small[split])] == small[split] for split in small)
+    assert standard["max_turns"] == quick["max_turns"]  # the turn cap is part of an episode's cache key
+
+
 def test_compared_methods_run_in_order_with_their_events_and_an_unknown_one_runs_nothing(context):
     settings = {"max_turns": 4}
     pairs = {"train": [PAIR], "validation": [PAIR], "bench": [PAIR]}
