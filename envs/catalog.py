@@ -43,10 +43,12 @@ class Parent:
     task: TaskSpec
     control: tuple[StateOp, ...]
     env_dir: Path
+    tier: str = "standard"  # a pair's; its twins keep it (the task is the same)
 
     def twin(self, pair_id: str, mutation: Mutation) -> PairSpec:
         """The training pair of this task and a mutation of its environment."""
-        return PairSpec(id=pair_id, split="train", environment=self.env.id, task=self.task, mutation=mutation, control=self.control)
+        return PairSpec(id=pair_id, split="train", environment=self.env.id, task=self.task, mutation=mutation, control=self.control,
+                        tier=self.tier)
 
 
 def load_parent(parent_id: str, root: Path | str = CATALOG) -> Parent:
@@ -55,7 +57,7 @@ def load_parent(parent_id: str, root: Path | str = CATALOG) -> Parent:
     root = Path(root)
     if any(root.glob(f"*/pairs/{glob.escape(parent_id)}.yaml")):
         entry = load_entry(parent_id, root)
-        return Parent(parent_id, entry.env, entry.pair.task, entry.pair.control, entry.path.parent.parent)
+        return Parent(parent_id, entry.env, entry.pair.task, entry.pair.control, entry.path.parent.parent, entry.pair.tier)
     for path in [root / "tasks" / f"{parent_id}.yaml", *root.glob(f"*/tasks/{glob.escape(parent_id)}.yaml")]:
         if path.is_file():
             env = load_environment(path.parent.parent)
@@ -67,11 +69,11 @@ def load_parent(parent_id: str, root: Path | str = CATALOG) -> Parent:
     raise KeyError(f"no pair or task {parent_id!r} in {root}")
 
 
-def split_pairs(split: str, catalog: Path | str = CATALOG) -> list[str]:
-    """The split's pairs, one theme at a time in turn, so that any prefix spans the themes."""
+def split_pairs(split: str, catalog: Path | str = CATALOG, tier: str | None = None) -> list[str]:
+    """The split's pairs (of one tier, given one), one theme at a time in turn, so that any prefix spans the themes."""
     by_theme: dict[str, list[str]] = {}
     for pid, e in sorted(load_catalog(catalog).items()):
-        if e.pair.split == split:
+        if e.pair.split == split and tier in (None, e.pair.tier):
             by_theme.setdefault(e.env.theme, []).append(pid)
     rounds = itertools.zip_longest(*by_theme.values())
     return [pid for round_ in rounds for pid in round_ if pid]

@@ -78,14 +78,20 @@ async def transfer(
 
 def protocol(preset: str, catalog: str, **overrides) -> tuple[dict, dict[str, list[str]]]:
     """A preset's settings (`PRESETS`) with the overrides that are not None on top, and its pairs per split, taken
-    from the catalog's splits in order."""
+    from the catalog's splits in order: of the preset's tier (unless it is "all"; a split of a custom catalog with no
+    pair of that tier is taken whole), or of the tier given, strictly."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     settings = PRESETS[preset] | {k: v for k, v in overrides.items() if k in PRESETS[preset] and v is not None}
-    pairs = {split: split_pairs(split, catalog)[: settings[split]] for split in ("train", "validation", "bench")}
+    tier = settings["tier"] if settings["tier"] != "all" else None
+
+    def taken(split: str) -> list[str]:  # a split without pairs of the preset's own tier is taken whole; a tier asked for is kept to
+        return (split_pairs(split, catalog, tier) or (split_pairs(split, catalog) if not overrides.get("tier") else []))[: settings[split]]
+
+    pairs = {split: taken(split) for split in ("train", "validation", "bench")}
     if not pairs["train"] or not pairs["validation"]:
-        raise ConfigError("the catalog needs training and validation pairs")
-    return {k: v for k, v in settings.items() if k not in pairs}, pairs
+        raise ConfigError(f"the catalog needs training and validation pairs{f' of the {tier} tier' if tier else ''}")
+    return {k: v for k, v in settings.items() if k not in pairs and k != "tier"}, pairs
 
 
 async def run_method(

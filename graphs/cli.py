@@ -1006,6 +1006,8 @@ def _add_coevolution_parsers(top) -> None:
                      "budget": "design rounds per admitted batch", "max_turns": "a cap on every episode's turns"}
         for key, what in overrides.items():
             sub.add_argument(f"--{key.replace('_', '-')}", type=non_negative_int if key == "bench" else positive_int, help=f"{what} (default: the preset's)")
+        sub.add_argument("--tier", choices=["short", "standard", "all"], help="the pairs' tier: short (2–3 reference calls, what a "
+                                                                              "small model can finish), standard, or all (default: the preset's)")
         sub.add_argument("--tau", type=share, help="batch admission threshold (default 0.4)")
         sub.add_argument("--gate-level", type=level, help=f"the selection gate's sign-test level (default {GATE_LEVEL:g})")
         sub.add_argument("--proposals", choices=PROPOSALS, default="menu", help=PROPOSALS_HELP)

@@ -54,24 +54,28 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 
 # Protocol sizes: pairs per split (None: the whole split), the loop's budgets and a cap on every
 # episode's turns (None: each harness's own limit). `paper` is HERA's (20 training pairs growing by
-# 5 a round for 6 rounds, 15 validation pairs, 4 candidates a block); `quick` fits a couple of hours
-# on the embedded local model on two CPU cores, where a 30-turn episode alone can take half an hour.
+# 5 a round for 6 rounds, 15 validation pairs, 4 candidates a block); `quick` fits about an hour on the
+# embedded local model on two CPU cores (42–54 minutes measured), where a 30-turn episode alone can take half an hour.
 # Its 6 validation pairs are the fewest with which the selection gate (a sign test at 0.05, which
 # needs 5 pairs all improving) can pass with one pair left unchanged: with fewer, selection could
 # only ever keep H0, and each pair more costs two episodes per harness scored. One refinement round
 # lets a proposal that a review or check rejects choose again with the reason in hand.
-# `standard` is sized from measured local runs (10-turn cap, two cores): an H0 episode takes 1.6 min on average
-# (act sides that run to the cap up to 6 min), a structured-mode candidate's 0.1–0.8 min, building a candidate
-# 4–5 min, a certified proposal 2–4 min. Its H0 scoring (8 training, 16 validation, 12 bench episodes) is about
-# an hour; each of its 3 rounds (2 proposals and their screening, one candidate on the grown pool and the
-# validation pairs) 30–45 minutes: about 3 hours in all, an estimate until a run measures it. Its pairs include
-# quick's, so a harness's quick episodes are reused from the rollout cache; like every run it resumes with `--run-id`.
+# `tier` picks the pairs: `short` ones (2–3 reference calls) are the tasks a 1.5B model can finish; on the
+# standard tier no harness completed a feasible task within 10 turns in local runs (Act 0/6 for H0 and for
+# every candidate), which leaves selection nothing to see on the act side. `standard` is sized from measured
+# local runs (10-turn cap, two cores): an H0 episode takes 1–1.6 min on average (act sides that run to the cap
+# up to 6 min), a structured-mode candidate's 0.1–0.8 min, building a candidate 3–5 min, a certified proposal
+# 2–4 min. Its H0 scoring (8 training, 12 validation, 20 bench episodes) is about an hour; each of its 3 rounds
+# (2 proposals and their screening, one candidate on the grown pool and the validation pairs) 30–45 minutes:
+# about 3 hours in all, an estimate until a run measures it. Its pairs include quick's, so a harness's quick
+# episodes are reused from the rollout cache; like every run it resumes with `--run-id`.
 PRESETS: dict[str, dict] = {
-    "quick": {"train": 2, "validation": 6, "bench": 1, "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
+    "quick": {"train": 2, "validation": 6, "bench": 4, "tier": "short", "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
               "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": 10},
-    "standard": {"train": 4, "validation": 8, "bench": 6, "rounds": 3, "proposers": 2, "batch_size": 2, "budget": 1,
-                 "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": 10},
-    "paper": {"train": 20, "validation": 15, "bench": None, "rounds": 6, "proposers": 5, "batch_size": 5, "budget": 2,
+    "standard": {"train": 4, "validation": 6, "bench": 10, "tier": "short", "rounds": 3, "proposers": 2, "batch_size": 2,
+                 "budget": 1, "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL,
+                 "max_turns": 10},
+    "paper": {"train": 20, "validation": 15, "bench": None, "tier": "all", "rounds": 6, "proposers": 5, "batch_size": 5, "budget": 2,
               "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": None},
 }
 

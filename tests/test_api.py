@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from envs.catalog import CATALOG, split_pairs
+from envs.catalog import CATALOG, load_entry, split_pairs
 from graphs import api
 from graphs.coevolution import PRESETS
 from roles.models import scripted
@@ -53,18 +53,30 @@ def test_one_harness_across_models_with_the_judge_fixed(context):
 
 def test_a_protocol_is_the_preset_with_the_overrides_and_the_catalogs_splits_in_order():
     settings, pairs = api.protocol("quick", str(CATALOG), validation=3, bench=0, rounds=None, nonsense=7)
-    assert pairs == {"train": split_pairs("train")[:2], "validation": split_pairs("validation")[:3], "bench": []}
-    assert settings == {k: v for k, v in PRESETS["quick"].items() if k not in pairs}
+    assert pairs == {"train": split_pairs("train", tier="short")[:2], "validation": split_pairs("validation", tier="short")[:3], "bench": []}
+    assert all(load_entry(p).pair.tier == "short" for split in pairs.values() for p in split)
+    _, every = api.protocol("quick", str(CATALOG), tier="all")
+    assert every["validation"] == split_pairs("validation")[:6] and {load_entry(p).pair.tier for p in every["validation"]} == {"standard", "short"}
+    assert settings == {k: v for k, v in PRESETS["quick"].items() if k not in pairs and k != "tier"}
     with pytest.raises(ConfigError, match="unknown preset 'huge'"):
         api.protocol("huge", str(CATALOG))
     with pytest.raises(ConfigError, match="training and validation pairs"):
         api.protocol("quick", str(FIXTURES))  # the fixture catalog has training pairs only
 
+def test_a_catalog_without_the_preset_s_tier_is_taken_whole_and_a_tier_asked_for_is_kept_to(tmp_path):
+    from tests.test_coevolution import make_catalog
+
+    catalog = str(make_catalog(tmp_path))  # standard-tier pairs only
+    assert api.protocol("quick", catalog)[1] == {"train": split_pairs("train", catalog)[:2],
+                                                 "validation": split_pairs("validation", catalog), "bench": split_pairs("bench", catalog)}
+    with pytest.raises(ConfigError, match="training and validation pairs of the short tier"):
+        api.protocol("quick", catalog, tier="short")
+
 
 def test_the_standard_protocol_holds_the_quick_one_so_its_episodes_are_reused():
     quick, small = api.protocol("quick", str(CATALOG))
     standard, large = api.protocol("standard", str(CATALOG))
-    assert {k: len(v) for k, v in large.items()} == {"train": 4, "validation": 8, "bench": 6}
+    assert {k: len(v) for k, v in large.items()} == {"train": 4, "validation": 6, "bench": 10}
     assert all(large[split][:len(small[split])] == small[split] for split in small)
     assert standard["max_turns"] == quick["max_turns"]  # the turn cap is part of an episode's cache key
 
