@@ -47,6 +47,7 @@ REMOTE = re.compile(r"tcp://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):(\d{1,5})")
 _clusters: dict[int, LocalCluster] = {}
 _clients: dict[str, Client] = {}
 _lock = threading.Lock()
+_frozen = False
 _last_run: str | None = None  # in a worker: the run whose episode it ran last
 
 
@@ -134,9 +135,9 @@ async def _finished(future) -> None:
 
 def coordinator() -> dict:
     """What a worker takes from this process: its `HERA_*` variables (the runs root made absolute; None for a store it
-    does not use) and its collector's tuning (`graphs.runner.tune_gc`)."""
+    does not use) and its collector's thresholds (`graphs.runner.tune_gc`)."""
     env = {"HERA_STORE": None} | {k: v for k, v in os.environ.items() if k.startswith("HERA_")} | {"HERA_RUNS": str(runs_dir().resolve())}
-    return {"env": env, "gc_threshold": gc.get_threshold(), "gc_frozen": gc.get_freeze_count() > 0}
+    return {"env": env, "gc_threshold": gc.get_threshold()}
 
 
 def _portable(ctx: Context) -> Context:
@@ -150,15 +151,16 @@ def attempt(run: Attempt, request: EpisodeRequest, key: EpisodeKey, ctx: Context
     """The Dask task: `run` in a worker process, set as the coordinator is (`settings`), the pair loaded and the
     ledger opened here; its model calls journaled as in process (the episode's under the run `thread`, the
     judge's under `scope`)."""
-    global _last_run
+    global _frozen, _last_run
     for name, value in settings["env"].items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
     gc.set_threshold(*settings["gc_threshold"])
-    if settings["gc_frozen"] and not gc.get_freeze_count():  # start-up objects out of the collector's view, once
-        gc.freeze()
+    if not _frozen:  # a worker runs many episodes: its start-up objects leave the collector's view, once
+        gc.freeze()  # (gc.get_freeze_count() walks every frozen object: 25 ms, not a test to make per episode)
+        _frozen = True
     if thread != _last_run:  # a new run tries again the endpoints an earlier one found down, as it does in process
         reset_endpoints()
         _last_run = thread
