@@ -14,11 +14,17 @@
    the tool in process, at each concurrency: CPU per episode and share of
    ideal, ours (the evaluate graph: ledger, grading, judge) beside it.
    Goal: our CPU per episode at most 2× bare LangGraph's.
+4. On the engine (`--engine local:N`): episodes/s with 1, 2 and 4 worker
+   processes against the same evaluation in one process, with a scripted
+   model of near-zero latency (default 0 ms) so that the harness itself is
+   the bottleneck and one process is CPU-bound; CPU per episode of the
+   coordinator (with Dask's scheduler) and of the workers. Goal: 2 workers
+   at least 1.7× one process.
 
 The machine's load average before and after the run is printed with the
 results: a loaded machine lowers every share of ideal.
 
-    python benchmarks/bench_runtime.py [--latency-ms 200] [--turns 5] [--json]
+    python benchmarks/bench_runtime.py [--latency-ms 200] [--turns 5] [--engine-workers 1 2 4] [--json]
 """
 
 from __future__ import annotations
@@ -37,12 +43,13 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
+from distributed import WorkerPlugin
 from rich.console import Console
 from rich.table import Table
 
 from envs.catalog import load_entry, side_env
 from envs.runtime import EnvInstance
-from graphs import api
+from graphs import api, engine
 from graphs.episode import run_episode
 from roles.models import scripted
 from roles.models import chat_model
@@ -155,6 +162,54 @@ async def bare(concurrency: int, latency_s: float, turns: int, waves: int) -> di
             "of_ideal_pct": 100 * episodes / wall / ideal, "cpu_ms_per_episode": 1e3 * cpu / episodes}
 
 
+class Scripts(WorkerPlugin):
+    """Registers the scripts in every worker process: each process's models read their own copy."""
+
+    name = "scripts"
+
+    def __init__(self, **scripts):
+        self.scripts = scripts
+
+    def setup(self, worker):
+        for name, steps in self.scripts.items():
+            scripted.register(name, steps)
+
+
+def import_the_stack() -> None:
+    """Run in every worker before the clock starts: what the first episode there would otherwise import."""
+    import graphs.runner  # noqa: F401
+
+
+async def on_engine(workers: int | None, latency_s: float, turns: int, episodes: int, concurrency: int, tmp: Path) -> dict:
+    """Episodes/s of one evaluation in this process (`workers` None) or on a LocalCluster of `workers` processes
+    (started, and every worker warmed up, before the clock starts); CPU of this process and of the workers."""
+    where = f"local:{workers}" if workers else None
+    steps = {"agent": [slow_agent(latency_s, turns)] * (episodes * turns), "judge": [judge] * episodes}
+    for name, script in steps.items():
+        scripted.register(name, script)
+    ctx = Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES), engine=where,
+                  ledger=str(tmp / f"ledger-engine-{workers}.db"))
+    dask = None
+    if where:
+        dask = await asyncio.to_thread(engine.client, where)
+        await asyncio.to_thread(dask.register_plugin, Scripts(**steps))
+        await asyncio.to_thread(dask.run, import_the_stack)
+        warm = Context(**{**ctx.__dict__, "ledger": str(tmp / f"ledger-engine-{workers}-warm.db")})
+        await api.evaluate("H0", [PAIR], warm, trials=workers, concurrency=concurrency)
+        await asyncio.to_thread(dask.register_plugin, Scripts(**steps))  # fresh scripts for the measured run
+    before = await asyncio.to_thread(dask.run, time.process_time) if dask else {}
+    start, cpu = time.perf_counter(), time.process_time()
+    metrics = (await api.evaluate("H0", [PAIR], ctx, trials=episodes // 2, concurrency=concurrency)).metrics
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    after = await asyncio.to_thread(dask.run, time.process_time) if dask else {}
+    worker_cpu = sum(t - before.get(w, 0.0) for w, t in after.items())
+    if not metrics.complete:
+        raise SystemExit(f"engine {where}: only {metrics.finished}/{metrics.planned} episodes finished without an infrastructure error")
+    return {"engine": where or "in process", "workers": workers or 0, "episodes": metrics.finished, "wall_s": wall,
+            "eps_per_s": metrics.finished / wall, "coordinator_cpu_ms_per_episode": 1e3 * cpu / metrics.finished,
+            "workers_cpu_ms_per_episode": 1e3 * worker_cpu / metrics.finished}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--latency-ms", type=float, default=200)
@@ -162,6 +217,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--waves", type=int, default=4, help="episodes per run = concurrency × waves")
     parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32, 64])
+    parser.add_argument("--engine-workers", type=int, nargs="*", default=[1, 2, 4], help="worker processes of each engine run")
+    parser.add_argument("--engine-latency-ms", type=float, default=0, help="the scripted model's latency on the engine")
+    parser.add_argument("--engine-episodes", type=int, default=128)
+    parser.add_argument("--engine-concurrency", type=int, default=8)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     latency = args.latency_ms / 1000
@@ -179,6 +238,11 @@ def main() -> None:
                 result["throughput"].append(asyncio.run(throughput(c, latency, args.turns, args.waves, Path(tmp))))
         asyncio.run(bare(2, latency, args.turns, 1))  # warm-up
         result["bare"] = [asyncio.run(bare(c, latency, args.turns, args.waves)) for c in args.concurrency]
+        result["engine"] = []
+        for workers in [None, *args.engine_workers]:  # gc tuned, as `hera eval` runs
+            result["engine"].append(asyncio.run(on_engine(workers, args.engine_latency_ms / 1000, args.turns, args.engine_episodes,
+                                                          args.engine_concurrency, Path(tmp))))
+            engine.close()
     result["load_average"] = {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -203,6 +267,17 @@ def main() -> None:
         side.add_row(str(b["concurrency"]), f"{o['cpu_ms_per_episode']:.1f}", f"{b['cpu_ms_per_episode']:.1f}",
                      f"{o['cpu_ms_per_episode'] / b['cpu_ms_per_episode']:.1f}×", f"{o['of_ideal_pct']:.1f}", f"{b['of_ideal_pct']:.1f}")
     console.print(side)
+    runs = result["engine"]
+    one, single = runs[0], next((r for r in runs if r["workers"] == 1), None)
+    scaling = Table(title=f"on the engine: {args.engine_episodes} episodes, {args.turns} turns × {args.engine_latency_ms:.0f} ms model "
+                          f"latency, concurrency {args.engine_concurrency} (goal: 2 workers ≥ 1.7× one process)")
+    for col in ("where", "wall s", "episodes/s", "× one process", "× one worker", "coordinator CPU ms/episode", "workers CPU ms/episode"):
+        scaling.add_column(col, justify="right")
+    for r in runs:
+        scaling.add_row(r["engine"], f"{r['wall_s']:.1f}", f"{r['eps_per_s']:.2f}", f"{r['eps_per_s'] / one['eps_per_s']:.2f}×",
+                        f"{r['eps_per_s'] / single['eps_per_s']:.2f}×" if single and r["workers"] else "",
+                        f"{r['coordinator_cpu_ms_per_episode']:.1f}", f"{r['workers_cpu_ms_per_episode']:.1f}")
+    console.print(scaling)
     load = result["load_average"]
     console.print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load['before'])}, after "
                   f"{tuple(round(x, 2) for x in load['after'])} on {load['cpus']} CPUs")
