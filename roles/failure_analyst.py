@@ -20,6 +20,7 @@ from state.records import EpisodeRecord, UsageRecord
 MAX_EXAMPLES = 3
 MAX_CHARS = 600
 MAX_CALLS = 12  # of one example: the first few and the last ones; a runaway trajectory stays a few hundred tokens
+GUESSABLE = ("ungrounded_abstain", "over_abstained", "wrong_answer", "turn_limit")  # outcomes a guessed id explains
 
 
 def _cut(text: str, limit: int = MAX_CHARS) -> str:
@@ -31,9 +32,6 @@ def failure_kind(record: EpisodeRecord, guesses: tuple[str, ...] = ()) -> Failur
     limit after `guesses` (calls on ids the agent had seen nowhere: `guessed_calls`) is a guessed identifier."""
     kind = _outcome_kind(record)
     return "guessed_identifier" if kind in GUESSABLE and guesses else kind
-
-
-GUESSABLE = ("ungrounded_abstain", "over_abstained", "wrong_answer", "turn_limit")
 
 
 def _outcome_kind(record: EpisodeRecord) -> FailureKind | None:
