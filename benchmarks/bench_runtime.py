@@ -43,7 +43,6 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-from distributed import WorkerPlugin
 from rich.console import Console
 from rich.table import Table
 
@@ -162,19 +161,6 @@ async def bare(concurrency: int, latency_s: float, turns: int, waves: int) -> di
             "of_ideal_pct": 100 * episodes / wall / ideal, "cpu_ms_per_episode": 1e3 * cpu / episodes}
 
 
-class Scripts(WorkerPlugin):
-    """Registers the scripts in every worker process: each process's models read their own copy."""
-
-    name = "scripts"
-
-    def __init__(self, **scripts):
-        self.scripts = scripts
-
-    def setup(self, worker):
-        for name, steps in self.scripts.items():
-            scripted.register(name, steps)
-
-
 def import_the_stack() -> None:
     """Run in every worker before the clock starts: what the first episode there would otherwise import."""
     import graphs.runner  # noqa: F401
@@ -192,11 +178,11 @@ async def on_engine(workers: int | None, latency_s: float, turns: int, episodes:
     dask = None
     if where:
         dask = await asyncio.to_thread(engine.client, where)
-        await asyncio.to_thread(dask.register_plugin, Scripts(**steps))
+        await asyncio.to_thread(dask.register_plugin, scripted.worker_plugin(**steps))
         await asyncio.to_thread(dask.run, import_the_stack)
         warm = Context(**{**ctx.__dict__, "ledger": str(tmp / f"ledger-engine-{workers}-warm.db")})
         await api.evaluate("H0", [PAIR], warm, trials=workers, concurrency=concurrency)
-        await asyncio.to_thread(dask.register_plugin, Scripts(**steps))  # fresh scripts for the measured run
+        await asyncio.to_thread(dask.register_plugin, scripted.worker_plugin(**steps))  # fresh scripts for the measured run
     before = await asyncio.to_thread(dask.run, time.process_time) if dask else {}
     start, cpu = time.perf_counter(), time.process_time()
     metrics = (await api.evaluate("H0", [PAIR], ctx, trials=episodes // 2, concurrency=concurrency)).metrics

@@ -18,27 +18,11 @@ import os
 import tempfile
 import time
 
-from distributed import WorkerPlugin
-
 from envs.catalog import load_catalog
 from graphs import api, engine
+from roles.models import scripted
 from state.context import Context
 from state.ledger import Ledger
-
-
-class Scripts(WorkerPlugin):
-    """Registers the scripts in every worker process (defined in the script run, so Dask ships it by value)."""
-
-    name = "scripts"
-
-    def __init__(self, **scripts):
-        self.scripts = scripts
-
-    def setup(self, worker):
-        from roles.models import scripted
-
-        for name, steps in self.scripts.items():
-            scripted.register(name, steps)
 
 
 def refuse_after_one_lookup(messages, tools):
@@ -59,7 +43,7 @@ async def run(store: str, workers: int, concurrency: int) -> None:
     pairs = sorted(load_catalog())
     ctx = Context(agent_model="scripted:agent", judge_model="scripted:judge", engine=f"local:{workers}")
     cluster = await asyncio.to_thread(engine.client, ctx.engine)
-    await asyncio.to_thread(cluster.register_plugin, Scripts(agent=[refuse_after_one_lookup] * (4 * len(pairs)),
+    await asyncio.to_thread(cluster.register_plugin, scripted.worker_plugin(agent=[refuse_after_one_lookup] * (4 * len(pairs)),
                                                               judge=[refusal] * (2 * len(pairs))))
     start = time.perf_counter()
     done = await api.evaluate("H0", pairs, ctx, concurrency=concurrency)
@@ -69,9 +53,10 @@ async def run(store: str, workers: int, concurrency: int) -> None:
           f"({m.finished / wall:.1f} episodes/s) on local:{workers}, store {Ledger(store).path}")
     print("counts", m.counts, "of", m.totals)
     again = await api.evaluate("H0", pairs, ctx, concurrency=concurrency, run_id=done.run_id)  # finished: read back
-    attempts = Ledger(store).attempts(done.run_id)
-    print(f"resumed run {done.run_id}: same metrics {again.metrics == m}; attempts in the store {len(attempts)}, "
-          f"done {sum(a['status'] == 'done' for a in attempts)}, infrastructure errors {sum(a['status'] == 'infrastructure_error' for a in attempts)}")
+    status = [a["status"] for a in Ledger(store).attempts(done.run_id)]  # a store that held these episodes already reuses them
+    print(f"resumed run {done.run_id}: same metrics {again.metrics == m}; its attempts in the store: {status.count('done')} run, "
+          f"{status.count('reused')} reused (the resume's, and any the store held before), "
+          f"{status.count('infrastructure_error')} infrastructure errors")
 
 
 def main() -> None:

@@ -11,7 +11,6 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from distributed import WorkerPlugin
 
 from graphs import api, engine
 from graphs.runner import Evaluation
@@ -24,21 +23,6 @@ from tests.scripts import shop_agent, shop_judge
 
 PAIR = "shop-reserve-drill"
 ENGINE = "local:2"
-
-
-class Scripts(WorkerPlugin):
-    """Registers scripts in every worker process, one started in place of a dead worker too: each process holds
-    its own copy, as strict as the coordinator's."""
-
-    name = "scripts"
-
-    def __init__(self, **scripts):
-        self.scripts = scripts
-
-    def setup(self, worker):
-        scripted.clear()
-        for name, steps in self.scripts.items():
-            scripted.register(name, steps)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +59,7 @@ def test_episodes_on_the_engine_are_graded_and_scored_as_in_process(cluster, con
     scripted.assert_consumed()
     assert journaled() == 7  # every model call of the run, kept for a resume
     scripted.clear()  # a model call in this process would now fail the run
-    cluster.register_plugin(Scripts(agent=[shop_agent] * 5, judge=[shop_judge] * 2))
+    cluster.register_plugin(scripted.worker_plugin(agent=[shop_agent] * 5, judge=[shop_judge] * 2))
     remote = Context(**{**context.__dict__, "ledger": str(tmp_path / "engine.db"), "engine": ENGINE})
     there = asyncio.run(api.evaluate("H0", [PAIR], remote))
     assert there.metrics.model_dump() == here.metrics.model_dump() and there.metrics.counts["pair"] == 1
@@ -99,7 +83,7 @@ def stalled_agent(messages, tools, marker: str):
 
 def test_a_worker_killed_mid_episode_has_it_run_again_and_counted_once(cluster, context, tmp_path):
     marker = tmp_path / "stalled.pid"
-    cluster.register_plugin(Scripts(agent=[partial(stalled_agent, marker=str(marker))] * 5, judge=[shop_judge] * 2))
+    cluster.register_plugin(scripted.worker_plugin(agent=[partial(stalled_agent, marker=str(marker))] * 5, judge=[shop_judge] * 2))
     workers = set(cluster.run(os.getpid).values())
     remote = Context(**{**context.__dict__, "engine": ENGINE})
 

@@ -96,6 +96,22 @@ def clear(name: str | None = None) -> None:
         _scripts.clear()
 
 
+def worker_plugin(**scripts: Iterable[Step]):
+    """A Dask worker plugin that registers `scripts` in every worker process of an engine, one started in place of
+    a dead worker too (the engine's tests and benchmarks): each process replays its own copy, as strictly."""
+    from distributed import WorkerPlugin
+
+    class Scripts(WorkerPlugin):
+        name = "scripts"  # registering another replaces it: a fresh copy for the next run
+
+        def setup(self, worker) -> None:
+            clear()
+            for name, steps in scripts.items():
+                register(name, steps)
+
+    return Scripts()
+
+
 def _script(name: str) -> Script:
     if name not in _scripts:
         known = ", ".join(sorted(_scripts)) or "none"
