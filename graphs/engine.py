@@ -34,6 +34,7 @@ from state.journal import call_scope, current_scope, run_thread
 from state.ledger import Ledger
 from state.paths import runs_dir
 from state.records import EpisodeKey, EpisodeRecord, capped
+from state.store import is_url
 
 if TYPE_CHECKING:
     from distributed import Client, LocalCluster
@@ -142,7 +143,7 @@ def coordinator() -> dict:
 
 def _portable(ctx: Context) -> Context:
     """`ctx` with its catalog and ledger file as absolute paths, which mean the same in a worker."""
-    ledger = ctx.ledger if ctx.ledger is None or "://" in ctx.ledger else str(Path(ctx.ledger).resolve())
+    ledger = ctx.ledger if ctx.ledger is None or is_url(ctx.ledger) else str(Path(ctx.ledger).resolve())
     return replace(ctx, catalog=str(Path(ctx.catalog).resolve()), ledger=ledger)
 
 

@@ -5,9 +5,20 @@ from pathlib import Path
 import pytest
 
 from envs.spec import load_environment
-from roles.models import reset_endpoints
+from roles.models import reset_endpoints, scripted
+from state.context import Context
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def context(tmp_path):
+    """Scripted models (`scripted:agent`, `scripted:judge`) on the fixture catalog, a ledger of the test's own; a test
+    module with other needs defines its own `context`."""
+    scripted.clear()
+    yield Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES),
+                  ledger=str(tmp_path / "ledger.db"), max_infra_retries=1)
+    scripted.clear()
 
 
 @pytest.fixture

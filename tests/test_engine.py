@@ -31,14 +31,6 @@ def cluster():
     engine.close()
 
 
-@pytest.fixture
-def context(tmp_path):
-    scripted.clear()
-    yield Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES),
-                  ledger=str(tmp_path / "ledger.db"), max_infra_retries=1)
-    scripted.clear()
-
-
 def calls(name: str) -> int:
     return len(scripted.calls(name))
 

@@ -26,14 +26,6 @@ from tests.scripts import shop_agent, shop_judge
 PAIR = "shop-reserve-drill"
 
 
-@pytest.fixture
-def context(tmp_path):
-    scripted.clear()
-    yield Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES),
-                  ledger=str(tmp_path / "ledger.db"), max_infra_retries=1)
-    scripted.clear()
-
-
 def evaluate(context, **kw):
     run = asyncio.run(api.evaluate("H0", [PAIR], context, **kw))
     return run.run_id, run.metrics
