@@ -4,11 +4,16 @@ Both rules read the grounded metrics. HERA's (on the fixed validation pairs):
 neither Abstain nor Pair decreases and at least one rises. ECDYSIS's (on the
 training pool): Pair strictly rises. Both are guarded — Act must not drop and
 Over-abstain must not rise, so refusing more is never progress — and gated
-by a one-sided exact sign test over the pairs: each pair's change of the
-rule's scores (candidate minus parent) is a win, a loss or a tie, and the
-gain must be unlikely under "no difference" (p ≤ the gate's level), so one
-flipped pair never adopts a candidate. With fewer pairs than
-`min_pairs(level)` the gate cannot pass at all, which callers say before a
+by a one-sided exact sign test (McNemar's) over the tasks: each side of a
+pair is a task the harness either solves (the act side completed, the abstain
+side abstained with grounds) or not, its change from parent to candidate is a
+win, a loss or a tie, and the gain must be unlikely under "no difference"
+(p ≤ the gate's level), so one flipped task never adopts a candidate. The
+task is the unit because Act and Abstain are scored per task (HERA §4): on
+a pair as unit a candidate that solves one side more on three of six pairs
+and loses nothing (3 of 6, p = 0.125) could never be told from chance,
+while its five solved tasks are (p = 0.031). With fewer tasks than
+`min_tasks(level)` the gate cannot pass at all, which callers say before a
 run starts.
 """
 
@@ -24,6 +29,7 @@ GATE_LEVEL = 0.05
 TARGETS: dict[str, tuple[str, ...]] = {"hera": ("abstain", "pair"), "ecdysis": ("pair",)}
 SPLIT = {"hera": "validation", "ecdysis": "training"}
 SHOWN = ("abstain", "pair", "act", "over_abstain", "abstain_raw", "pair_raw")
+SOLVED = ("act", "abstain")  # a pair's two tasks, each by the score that says it was solved
 
 
 def sign_test(wins: int, losses: int) -> float:
@@ -32,9 +38,14 @@ def sign_test(wins: int, losses: int) -> float:
     return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n if n else 1.0
 
 
-def min_pairs(level: float = GATE_LEVEL) -> int:
-    """The fewest pairs with which the gate can pass at all (every pair improving)."""
+def min_tasks(level: float = GATE_LEVEL) -> int:
+    """The fewest tasks with which the gate can pass at all (every task improving)."""
     return max(1, math.ceil(math.log2(1 / level))) if 0 < level < 1 else 1
+
+
+def min_pairs(level: float = GATE_LEVEL) -> int:
+    """The fewest pairs (two tasks each) with which the gate can pass at all."""
+    return math.ceil(min_tasks(level) / 2)
 
 
 def gate_warning(pairs: int, level: float = GATE_LEVEL, what: str = "validation") -> str | None:
@@ -42,7 +53,7 @@ def gate_warning(pairs: int, level: float = GATE_LEVEL, what: str = "validation"
     need = min_pairs(level)
     if pairs >= need:
         return None
-    return (f"{pairs} {what} pair(s): the selection gate (sign test at level {level:g}) needs at least {need}, "
+    return (f"{pairs} {what} pair(s): the selection gate (sign test over tasks at level {level:g}) needs at least {need}, "
             "so no candidate can be adopted and the run will keep its starting harness")
 
 
@@ -69,14 +80,16 @@ def judge(base: Metrics | None, candidate: Metrics | None, rule: Rule, level: fl
     if not any(change[m][1] > change[m][0] for m in targets):
         return False, f"no {SPLIT[rule]} score improved ({where})", figures
     before, after = base.per_pair, candidate.per_pair
-    deltas = [sum(after[p][m] for m in targets) - sum(before[p][m] for m in targets) for p in before if p in after]
+    pairs = [p for p in before if p in after]
+    deltas = [after[p][side] - before[p][side] for p in pairs for side in SOLVED]
     wins, losses = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
     p_value = sign_test(wins, losses)
-    figures.update(pairs=len(deltas), wins=wins, losses=losses, ties=len(deltas) - wins - losses, p_value=round(p_value, 4))
-    test = (f"{wins} pair(s) better, {losses} worse, {len(deltas) - wins - losses} unchanged: "
+    figures.update(pairs=len(pairs), tasks=len(deltas), wins=wins, losses=losses, ties=len(deltas) - wins - losses,
+                   p_value=round(p_value, 4))
+    test = (f"{wins} task(s) better, {losses} worse, {len(deltas) - wins - losses} unchanged: "
             f"sign test p = {p_value:.3f} {'≤' if p_value <= level else '>'} {level:g}")
-    if len(deltas) < min_pairs(level):
-        return False, f"too few pairs for the gate ({len(deltas)} < {min_pairs(level)}); {where}; {test}", figures
+    if len(deltas) < min_tasks(level):
+        return False, f"too few tasks for the gate ({len(deltas)} < {min_tasks(level)}); {where}; {test}", figures
     if p_value > level:
         return False, f"the gain did not pass the gate ({test}); {where}", figures
     return True, f"{where}; {test}", figures

@@ -1,10 +1,10 @@
-"""Selection that a refusing harness cannot win: grounded scores, guards, and the paired sign-test gate."""
+"""Selection that a refusing harness cannot win: grounded scores, guards, and the sign-test gate over tasks."""
 
 import pytest
 
 from graphs.harness_evolution import judge_candidate
 from state.metrics import RunScores, score
-from graphs.selection import gate_warning, judge, min_pairs, sign_test
+from graphs.selection import gate_warning, judge, min_pairs, min_tasks, sign_test
 from state.evolution import LineageEntry
 from state.records import EpisodeKey, EpisodeRecord, Grade
 
@@ -60,9 +60,32 @@ def test_a_real_gain_on_five_of_six_pairs_passes_the_gate():
     base = same("failed", "ungrounded")
     better = scores({p: ("failed", "grounded" if i < 5 else "ungrounded") for i, p in enumerate(PAIRS)})
     ok, reason, figures = judge(base, better, "hera")
-    assert ok and (figures["wins"], figures["losses"], figures["ties"]) == (5, 0, 1)
+    assert ok and (figures["wins"], figures["losses"], figures["ties"], figures["tasks"]) == (5, 0, 7, 12)
     assert figures["p_value"] == pytest.approx(1 / 32, abs=1e-4) and "sign test p = 0.031 ≤ 0.05" in reason
     assert figures["scores"]["abstain"] == ["0/6", "5/6"] and figures["scores"]["pair"] == ["0/6", "0/6"]
+
+
+def test_five_tasks_solved_on_three_of_six_pairs_pass_the_gate():
+    # The measured case: a candidate completed two act sides and abstained with grounds on three abstain sides, on
+    # three pairs, and lost nothing. Pairs as the unit (3 of 6, p = 0.125) could not tell that from chance.
+    base = same("failed", "ungrounded")
+    better = scores({p: [("done", "grounded"), ("done", "grounded"), ("failed", "grounded")][i] if i < 3
+                     else ("failed", "ungrounded") for i, p in enumerate(PAIRS)})
+    ok, reason, figures = judge(base, better, "hera")
+    assert ok and (figures["pairs"], figures["wins"], figures["losses"]) == (6, 5, 0) and "5 task(s) better" in reason
+    assert figures["scores"]["act"] == ["0/6", "2/6"] and figures["scores"]["pair"] == ["0/6", "2/6"]
+
+
+def test_a_pair_trading_its_act_side_for_its_abstain_side_is_a_win_and_a_loss():
+    base = scores({p: ("done", "ungrounded") if i == 0 else ("failed", "ungrounded") for i, p in enumerate(PAIRS)})
+    traded = scores({p: ("failed", "grounded") if i == 0 else ("failed", "ungrounded") for i, p in enumerate(PAIRS)})
+    ok, reason, figures = judge(base, traded, "hera")
+    assert not ok and reason.startswith("Act dropped") and (figures.get("wins"), figures.get("losses")) == (None, None)
+    base = scores({p: ("done", "ungrounded") if i == 0 else ("failed", "ungrounded") for i, p in enumerate(PAIRS)})
+    mixed = scores({p: [("failed", "grounded"), ("done", "grounded"), ("done", "grounded")][i] if i < 3
+                    else ("failed", "ungrounded") for i, p in enumerate(PAIRS)})
+    ok, reason, figures = judge(base, mixed, "hera")
+    assert (figures["wins"], figures["losses"]) == (5, 1) and not ok and "did not pass the gate" in reason
 
 
 def test_one_flipped_pair_never_adopts():
@@ -87,12 +110,15 @@ def test_a_gain_with_a_loss_elsewhere_is_weighed_by_the_test():
 
 
 def test_below_the_minimum_the_gate_cannot_pass_and_says_so_before_a_run():
-    base, all_better = same("failed", "ungrounded", n=4), same("failed", "grounded", n=4)
-    ok, reason, _ = judge(base, all_better, "hera")
-    assert not ok and reason.startswith("too few pairs for the gate (4 < 5)")
-    assert gate_warning(1) == ("1 validation pair(s): the selection gate (sign test at level 0.05) needs at least 5, so no "
-                               "candidate can be adopted and the run will keep its starting harness")
-    assert gate_warning(5) is None and min_pairs(0.1) == 4 and min_pairs(0.5) == 1
+    base, all_better = same("failed", "ungrounded", n=2), same("done", "grounded", n=2)
+    ok, reason, figures = judge(base, all_better, "hera")
+    assert not ok and reason.startswith("too few tasks for the gate (4 < 5)") and figures["wins"] == 4
+    assert gate_warning(2) == ("2 validation pair(s): the selection gate (sign test over tasks at level 0.05) needs at "
+                               "least 3, so no candidate can be adopted and the run will keep its starting harness")
+    assert gate_warning(3) is None and min_tasks() == 5 and min_pairs() == 3
+    assert (min_tasks(0.1), min_pairs(0.1), min_tasks(0.5), min_pairs(0.5)) == (4, 2, 1, 1)
+    ok, reason, _ = judge(same("failed", "ungrounded", n=3), same("done", "grounded", n=3), "hera")
+    assert ok and "6 task(s) better, 0 worse" in reason
 
 
 def test_ecdysis_rule_needs_training_pair_to_rise():
