@@ -8,6 +8,7 @@ resumable after a crash.
 from __future__ import annotations
 
 import sqlite3
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -110,13 +111,40 @@ async def run_method(
         raise ConfigError(f"unknown configuration {name!r}; known: {', '.join(CONFIGS)}")
     config, settings = CONFIGS[name], dict(settings)
     context = replace(context, max_turns=settings.pop("max_turns", context.max_turns))
+    run_id = run_id or new_run_id()
+    clock = WallClock(Ledger(context.ledger), run_id)
+
+    def event(node: str, value: dict) -> None:
+        clock.tick()
+        if on_event:
+            on_event(node, value)
+
     if "static" in config:
         run = await runner.evaluate(config["static"], pairs["bench"] or pairs["validation"], context, run_id=run_id,
-                                    on_episode=on_event and (lambda r: on_event("episode", episode_event(r))))
+                                    on_episode=lambda r: event("episode", episode_event(r)))
+        clock.tick(force=True)
         return {"run_id": run.run_id, "harness": config["static"], "bench": run.metrics.model_dump()}
-    run_id, final = await run_coevolution("H0", context, **pairs, **settings, **config, run_id=run_id, on_event=on_event)
+    run_id, final = await run_coevolution("H0", context, **pairs, **settings, **config, run_id=run_id, on_event=event)
+    clock.tick(force=True)
     bench = next((r["bench"] for r in final.get("results", []) if r["round"] == "bench"), None)
     return {"run_id": run_id, "harness": final.get("harness"), "bench": bench, "pool": final.get("pool", [])}
+
+
+class WallClock:
+    """A method run's wall time in the ledger (`wall_s` of its run record), added to what earlier invocations of the
+    same run recorded and written at most every `every_s` seconds while it runs, so a run killed and resumed still
+    counts the time its first invocation spent."""
+
+    def __init__(self, ledger: Ledger, run_id: str, every_s: float = 10.0):
+        self.ledger, self.run_id, self.every_s = ledger, run_id, every_s
+        self.before = float((ledger.run(run_id) or {}).get("wall_s") or 0.0)
+        self.start = self.written = time.monotonic()
+
+    def tick(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.written >= self.every_s:
+            self.ledger.record_run(self.run_id, wall_s=round(self.before + now - self.start, 1))
+            self.written = now
 
 
 async def compare(

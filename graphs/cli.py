@@ -46,6 +46,9 @@ from graphs.report import (
     LINEAGE_SCORES,
     TIER_COLUMNS,
     build_report,
+    comparison,
+    comparison_report,
+    comparison_tables,
     evaluation,
     funnel,
     proposal_costs,
@@ -545,8 +548,8 @@ def runs_list(args: argparse.Namespace) -> int:
         table.add_column(col)
     for r in runs:
         m = Metrics.model_validate_json(r["metrics"]) if r.get("metrics") else None
-        table.add_row(r["id"], r.get("bundle", ""), r.get("model", ""), str(len(json.loads(r.get("pairs") or "[]"))),
-                      str(r.get("trials", "")), *(count_cell(m, k) for k in ("abstain", "act", "pair")), r["updated_at"])
+        table.add_row(r["id"], r.get("bundle") or "", r.get("model") or "", str(len(json.loads(r.get("pairs") or "[]"))),
+                      str(r.get("trials") or ""), *(count_cell(m, k) for k in ("abstain", "act", "pair")), r["updated_at"])
     console.print(table)
     return 0
 
@@ -984,15 +987,22 @@ def compare(args: argparse.Namespace) -> int:
     args.run_id = announce(args)  # each method's run is this id with the method's name
     with progress(console, bar=False) as bars:
         results = asyncio.run(api.compare(args.configs, settings, pairs, context, run_id=args.run_id, on_event=method_progress(bars)))
+    ledger = Ledger(args.ledger)
+    rows = comparison(ledger, results)
+    paths = write_report(comparison_report(ledger, args.run_id, results), RunPaths.here().report(args.run_id))
     if args.json:
-        print(json.dumps(results, indent=1, default=str))
+        print(json.dumps({"run_id": args.run_id, "methods": rows, "report": {k: str(v) for k, v in paths.items()}}, indent=1,
+                         default=lambda v: v.model_dump() if isinstance(v, Metrics) else str(v)))
         return 0
-    table = Table(title=f"{args.preset} protocol, {args.model}: {len(pairs['bench'] or pairs['validation'])} evaluation pairs")
-    for col in ("method", "run", "Abstain", "Act", "Pair", "Over-abstain"):
-        table.add_column(col, justify="left" if col in ("method", "run") else "right")
-    for name, r in results.items():
-        table.add_row(name, r["run_id"], *(count_cell(Metrics.model_validate(r["bench"]) if r["bench"] else None, m) for m in ("abstain", "act", "pair", "over_abstain")))
-    console.print(table)
+    heading = f"{args.preset} protocol, {args.model}, {len(pairs['bench'] or pairs['validation'])} evaluation pairs: "
+    for table in comparison_tables(rows, compact=True):
+        shown = Table(title=heading + table.title, caption=table.note)
+        for col in table.columns:
+            shown.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
+        for row in table.rows:
+            shown.add_row(*row)
+        console.print(shown)
+    say(f"each method's run is {args.run_id}-METHOD; report: {paths['html']}")
     return 0
 
 

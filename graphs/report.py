@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from state.metrics import LABELS, MIN_CI_PAIRS, NAMES, Metrics, fraction, over_abstains, score
+from state.metrics import LABELS, MIN_CI_PAIRS, NAMES, Metrics, fraction, over_abstains, paired_difference, score
 from state.evolution import LineageEntry, ProposalOutcome
 from state.ledger import Ledger
 from state.records import CATEGORIES, EpisodeRecord, UsageRecord
@@ -29,7 +29,7 @@ from state.records import CATEGORIES, EpisodeRecord, UsageRecord
 MAIN = NAMES  # the grounded headline, then HERA's raw Abstain and Pair beside it
 LINEAGE_SCORES = ("abstain", "pair", "act", "over_abstain", "abstain_raw", "pair_raw")
 KINDS = {"evaluation": "evaluation", "harness": "harness evolution", "env": "environment evolution", "coevolution": "co-evolution",
-         "transfer": "transfer"}
+         "transfer": "transfer", "compare": "comparison"}
 
 
 @dataclass(frozen=True)
@@ -524,8 +524,9 @@ def dynamics_section(ledger: Ledger, run_id: str, rs: list[Round]) -> Section:
     return Section("Co-evolution dynamics (HERA Fig. 2)", _anchor("dynamics", run_id), tuple(blocks))
 
 
-def round_tokens(ledger: Ledger, r: Round, lineage: dict[str, LineageEntry], seen: set[str]) -> int:
-    """Tokens a round spent: proposals, harness candidates, and each evaluation run not counted before."""
+def round_work(ledger: Ledger, r: Round, lineage: dict[str, LineageEntry]) -> tuple[int, list[str]]:
+    """A round's model work outside episodes (tokens of its proposals and harness candidates) and the evaluation
+    runs it scored."""
     tokens, runs = 0, [r.train_run, r.validation_run, r.bench_run]
     if r.env_run:
         outcomes, batches = env_data(ledger, r.env_run)
@@ -535,11 +536,92 @@ def round_tokens(ledger: Ledger, r: Round, lineage: dict[str, LineageEntry], see
         if r.harness_run and e.run_id == r.harness_run:
             tokens += _usage_tokens(e.usage)
             runs += [m.run_id for m in (e.train, e.validation) if m]
+    return tokens, [run for run in runs if run]
+
+
+def round_tokens(ledger: Ledger, r: Round, lineage: dict[str, LineageEntry], seen: set[str]) -> int:
+    """Tokens a round spent: proposals, harness candidates, and each evaluation run not counted before."""
+    tokens, runs = round_work(ledger, r, lineage)
     for run in runs:
-        if run and run not in seen:
+        if run not in seen:
             seen.add(run)
             tokens += spent_tokens(ledger, run)
     return tokens
+
+
+def method_tokens(ledger: Ledger, run_id: str) -> int:
+    """Tokens (in + out) a compared method's run used, each episode it scored counted once whether it ran or came
+    from the rollout cache: what the method costs on its own."""
+    rs = rounds(ledger, run_id)
+    if not rs:
+        return sum(_usage_tokens(e.usage) for e in ledger.episodes(run_id))
+    lineage = {e.id: e for e in ledger.lineage()}
+    tokens, episodes = 0, {}
+    for r in rs:
+        work, runs = round_work(ledger, r, lineage)
+        tokens += work
+        episodes |= {e.key.id: e for run in dict.fromkeys(runs) for e in ledger.episodes(run)}
+    return tokens + sum(_usage_tokens(e.usage) for e in episodes.values())
+
+
+def comparison(ledger: Ledger, results: dict[str, dict], reference: str = "h0") -> list[dict]:
+    """One row per compared method (`api.compare`'s results): its bench metrics, the paired difference of each score
+    from `reference`'s on the pairs both finished (None without a complete reference), tokens, wall time, and the
+    candidates its harness-evolution blocks adopted."""
+    base = results.get(reference, {}).get("bench")
+    base = Metrics.model_validate(base) if base else None
+    rows = []
+    for name, result in results.items():
+        bench = Metrics.model_validate(result["bench"]) if result.get("bench") else None
+        blocks = {r.harness_run for r in rounds(ledger, result["run_id"]) if r.harness_run}
+        adopted = sum(e.adopted and e.parent_id is not None for b in blocks for e in ledger.lineage(b))
+        run = ledger.run(result["run_id"]) or {}
+        rows.append({"method": name, "run_id": result["run_id"], "harness": result.get("harness"), "bench": bench,
+                     "difference": paired_difference(base, bench) if base and bench and base.complete and bench.complete
+                     and name != reference else None,
+                     "tokens": method_tokens(ledger, result["run_id"]), "wall_s": float(run.get("wall_s") or 0.0),
+                     "adopted": adopted if blocks else None})
+    return rows
+
+
+def _difference_cell(row: dict, name: str) -> str:
+    d = row["difference"] and row["difference"][name]
+    if not d:
+        return "—"
+    ci = f" [{d['ci95'][0]:+.0f}, {d['ci95'][1]:+.0f}]" if d["ci95"] else " (n too small)"
+    return f"{d['difference']:+.1f}{ci}"
+
+
+COMPARED = ("abstain", "act", "pair", "over_abstain", "abstain_raw", "pair_raw")
+
+
+def comparison_tables(rows: list[dict], reference: str = "h0", compact: bool = False) -> tuple[Table, Table]:
+    """The methods' bench scores, grounded and raw; then each one against `reference` and what it cost. `compact`
+    (a terminal's width): counts without percentages, no run ids."""
+    def cell(metrics: Metrics | None, name: str) -> str:
+        return count_cell(metrics, name) if not compact or metrics is None else f"{metrics.counts[name]}/{metrics.totals[name]}"
+
+    scores = Table(("method", *(LABELS[k] for k in COMPARED)), tuple((r["method"], *(cell(r["bench"], k) for k in COMPARED)) for r in rows),
+                   "bench scores of each method's final harness, scored once")
+    columns = ("method", "Δ Pair", "Δ Abstain", "tokens", "wall (min)", "adopted", *(() if compact else ("run",)))
+    against = Table(columns, tuple((r["method"], _difference_cell(r, "pair"), _difference_cell(r, "abstain"), f"{r['tokens']:,}",
+                                    f"{r['wall_s'] / 60:.1f}", "—" if r["adopted"] is None else str(r["adopted"]),
+                                    *(() if compact else (r["run_id"],))) for r in rows),
+                    f"against {reference}, and cost",
+                    f"Δ: bench score minus {reference}'s in percentage points, with a 95% paired bootstrap interval over the "
+                    "pairs; tokens: every model call of the method's runs, episodes reused from the rollout cache included "
+                    "(what it costs on its own); wall: the time its own runs took, reused episodes costing none; adopted: "
+                    "candidates its harness-evolution blocks adopted")
+    return scores, against
+
+
+def comparison_report(ledger: Ledger, run_id: str, results: dict[str, dict]) -> Report:
+    """The comparison table, then each evolving method's co-evolution sections (lineage, dynamics, cost)."""
+    sections = [Section("Comparison", _anchor("compare", run_id), comparison_tables(comparison(ledger, results)))]
+    for name, result in results.items():
+        if rounds(ledger, result["run_id"]):
+            sections += [_retitled(s, f"{name}: {s.title}", 3) for s in coevolution_sections(ledger, result["run_id"])]
+    return Report(run_id, "compare", tuple(sections))
 
 
 def coevolution_cost_section(ledger: Ledger, run_id: str, rs: list[Round], lineage: dict[str, LineageEntry]) -> Section:

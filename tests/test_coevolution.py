@@ -232,13 +232,26 @@ def test_compare_runs_each_method_on_the_same_protocol_and_coevolve_writes_a_rep
                 "--proposers", "1", "--batch-size", "1", "--budget", "1", "--candidates", "1", "--json"]
     base = ["--catalog", context.catalog, "--ledger", context.ledger]
     assert main([*base, "compare", "h0", "aggregated", *protocol]) == 0
-    results = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)
+    results = {r["method"]: r for r in out["methods"]}
     assert list(results) == ["h0", "aggregated"]
     for name, r in results.items():
         # the eager agent completes the feasible side and never abstains, whichever harness
         assert (r["bench"]["counts"]["abstain"], r["bench"]["counts"]["act"], r["bench"]["counts"]["pair"]) == (0, 1, 0), name
         assert json.loads(Ledger(context.ledger).run(r["run_id"] if name == "h0" else f"{r['run_id']}-bench")["pairs"]) == ["bench-drill"]
-    assert results["h0"]["harness"] == "H0" and results["aggregated"]["pool"] == [PARENT]
+        assert r["tokens"] > 0 and r["wall_s"] > 0, name
+    assert results["h0"]["harness"] == "H0" and results["h0"]["difference"] is None and results["h0"]["adopted"] is None
+    # against H0 on the one bench pair: no change, and no interval on one pair
+    assert results["aggregated"]["difference"]["pair"] | {"ci95": None} == {"pairs": 1, "difference": 0.0, "ci95": None, "up": 0, "down": 0}
+    assert results["aggregated"]["adopted"] in (0, 1)
+    # the aggregated run's tokens are its block's model calls and every episode it scored, cache reuse included
+    assert results["aggregated"]["tokens"] > results["h0"]["tokens"]
+    html = Path(out["report"]["html"]).read_text()
+    assert "Comparison" in html and "Δ Pair" in html and f"{out['run_id']}-aggregated" in html and "aggregated: Co-evolution dynamics (HERA Fig. 2)" in html
+    assert main([*base, "compare", "h0", "aggregated", *protocol[:-1], "--run-id", out["run_id"]]) == 0  # resumed: read back
+    text = capsys.readouterr().err
+    assert "against h0, and cost" in text and "Δ Pair" in text and "aggregated" in text and "0/1" in text, text
+    assert f"each method's run is {out['run_id']}-METHOD; report: " in text
     assert main([*base, "coevolve", "--config", "coevolution", *protocol]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["pool"]) == 2 and Path(out["report"]["html"]).is_file()
