@@ -131,9 +131,9 @@ async def run_method(
 
 
 class WallClock:
-    """A method run's wall time in the ledger (`wall_s` of its run record), added to what earlier invocations of the
-    same run recorded and written at most every `every_s` seconds while it runs, so a run killed and resumed still
-    counts the time its first invocation spent."""
+    """A method run's wall time in the ledger (`wall_s` of its run record): what earlier invocations of the same run
+    recorded plus this one's, written on the run's events at most every `every_s` seconds, so a run killed and
+    resumed still counts the time its first invocation spent up to its last event."""
 
     def __init__(self, ledger: Ledger, run_id: str, every_s: float = 10.0):
         self.ledger, self.run_id, self.every_s = ledger, run_id, every_s

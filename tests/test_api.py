@@ -96,3 +96,21 @@ def test_compared_methods_run_in_order_with_their_events_and_an_unknown_one_runs
     assert {name: (r["run_id"], r["harness"], r["bench"]["counts"]["pair"]) for name, r in results.items()} == {
         "h0": ("cmp-h0", "H0", 1), "h0-abstain-prompt": ("cmp-h0-abstain-prompt", "H0-abstain-prompt", 0)}
     assert [e[:2] for e in events] == [("h0", "episode")] * 2 + [("h0-abstain-prompt", "episode")] * 2
+
+
+def test_a_methods_wall_time_adds_up_over_the_invocations_of_a_resumed_run(context, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(api.time, "monotonic", lambda: now[0])
+    ledger = Ledger(context.ledger)
+    first = api.WallClock(ledger, "cmp-coevolution", every_s=10)
+    now[0] += 4
+    first.tick()  # under every_s since the start: nothing written yet
+    assert ledger.run("cmp-coevolution") is None
+    now[0] += 8
+    first.tick()
+    assert ledger.run("cmp-coevolution")["wall_s"] == 12.0
+    now[0] += 30  # killed here: the last 30 s were never written
+    resumed = api.WallClock(ledger, "cmp-coevolution")
+    now[0] += 5
+    resumed.tick(force=True)
+    assert ledger.run("cmp-coevolution")["wall_s"] == 17.0
