@@ -31,7 +31,7 @@ from harness.components import LIBRARY, ComponentName, catalog_text
 from prompts import render
 from roles.models import chat_model
 from state.evolution import ComponentChoice, FailureKind, FailureRecord, HarnessEdit, ModificationSpec, Skill
-from state.records import ToolInfo, UsageRecord, content_hash
+from state.records import CATEGORIES, ToolInfo, UsageRecord, content_hash
 
 EDITABLE = ("prompts", "skills", "subagents", "hooks.py", "components.yaml", "config.yaml", "memory.yaml")
 Channel = Literal["structured", "code"]
@@ -51,7 +51,10 @@ INTERNALS = ("harness", "component", "components", "skill", "skills", "turn limi
              # an engineer's words: a 1.5B optimizer wrote "implement a more robust data retrieval mechanism, such as caching"
              "implement", "implementation", "configuration", "parameter", "mechanism", "caching", "overabstention", "over-abstention",
              *(n.replace("_", " ") for n in LIBRARY), *LIBRARY,
-             *(k.replace("_", " ") for k in get_args(FailureKind) if k != "error"))
+             *(k.replace("_", " ") for k in get_args(FailureKind) if k != "error"),
+             # the diagnosis's own keys, and the agent in the third person: a 1.5B optimizer wrote a skill "When:
+             # guessed_identifier / missing_evidence. Do: ... ensuring that the assistant has access to all the data"
+             *(k for k in (*get_args(FailureKind), *CATEGORIES) if "_" in k), "the assistant", "the agent")
 FIRST_PERSON = re.compile(r"\b(?:I|I'm|I've|I'd|I'll|me|my|we|we've|we're|we'll|our|us)\b")
 QUOTED = re.compile(r"\"[^\"]*\"|“[^”]*”|'[^']*'(?!\w)")
 VAGUE_TRIGGER = re.compile(r"^\s*(?:always|regularly|generally|in general|at all times|whenever possible|every time|any time|usually|often)\b",

@@ -357,6 +357,12 @@ def test_an_engineer_s_note_is_not_an_instruction_to_the_agent():
                   tip="Implement a more robust data retrieval mechanism, such as caching.")
     assert any("not an instruction to the agent" in p for p in skill_problems(skill))
     assert addition_problems("Before changing a record, look it up by name with the search tools and use the id it returns.") == []
+    # the diagnosis's keys as a trigger and the agent in the third person (another local run)
+    skill = Skill(id="002", title="Data Access Improvement", pattern="guessed_identifier / missing_evidence",
+                  tip="Enhance data access capabilities by integrating with the necessary systems and APIs, ensuring that the "
+                      "assistant has access to all the required information and data to complete the task.")
+    assert skill_problems(skill) == ["skill '002' is not an instruction to the agent: it names the harness's internals or the "
+                                     "failures ('guessed_identifier', 'missing_evidence', 'the assistant')"]
 
 
 def test_edit_checks_name_what_is_wrong():
