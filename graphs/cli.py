@@ -946,6 +946,8 @@ def method_progress(bars: Progress | Lines) -> Callable[[str, str, dict], None]:
 
     def on_event(name: str, node: str, value: dict) -> None:
         if name not in bars_of:
+            for earlier in bars_of.values():  # methods run one after another: the ones before are done
+                bars.update(earlier, total=1, completed=1)
             bars_of[name] = bars.add_task(f"{name}: starting", total=None)
             stages[name] = "scoring" if "static" in CONFIGS[name] else "setup"
         if node == "episode":

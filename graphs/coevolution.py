@@ -62,12 +62,11 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 # lets a proposal that a review or check rejects choose again with the reason in hand.
 # `tier` picks the pairs: `short` ones (2–3 reference calls) are the tasks a 1.5B model can finish; on the
 # standard tier no harness completed a feasible task within 10 turns in local runs (Act 0/6 for H0 and for
-# every candidate), which leaves selection nothing to see on the act side. `standard` is sized from measured
-# local runs (10-turn cap, two cores): an H0 episode takes 1–1.6 min on average (act sides that run to the cap
-# up to 6 min), a structured-mode candidate's 0.1–0.8 min, building a candidate 3–5 min, a certified proposal
-# 2–4 min. Its H0 scoring (8 training, 12 validation, 20 bench episodes) is about an hour; each of its 3 rounds
-# (2 proposals and their screening, one candidate on the grown pool and the validation pairs) 30–45 minutes:
-# about 3 hours in all, an estimate until a run measures it. Its pairs include quick's, so a harness's quick
+# every candidate), which leaves selection nothing to see on the act side. `standard` was sized from local
+# episode times (10-turn cap, two cores: an H0 episode 1–1.6 min on average, a structured-mode candidate's
+# 0.1–0.8 min, building a candidate 3–5 min, a certified proposal 2–4 min) to about 3 hours; measured, one
+# co-evolution run took 96 minutes (H0's diagnosis and first round 50, the next two rounds 25 together, the
+# bench 21) with 24 H0 episodes reused from quick runs. Its pairs include quick's, so a harness's quick
 # episodes are reused from the rollout cache; like every run it resumes with `--run-id`.
 PRESETS: dict[str, dict] = {
     "quick": {"train": 2, "validation": 6, "bench": 4, "tier": "short", "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,

@@ -8,7 +8,7 @@ import time
 from rich.console import Console
 from rich.progress import Progress
 
-from graphs.cli import main
+from graphs.cli import main, method_progress
 from graphs.progress import Lines, progress
 from roles.models import scripted
 from tests.conftest import FIXTURES
@@ -41,6 +41,17 @@ def test_a_heartbeat_line_shows_the_latest_detail_when_nothing_else_was_printed(
     # markup in a description is shown as written
     beats = [line for line in lines(console) if not line.startswith(("start:", "end:"))]
     assert len(beats) >= 2 and set(beats) == {"designing proposals · [red]O3[/red] chosen (2 done)"}
+
+
+def test_compared_methods_beat_only_for_the_one_running():
+    console = Console(file=io.StringIO())
+    with progress(console, bar=False, heartbeat_s=0.2) as bars:
+        on_event = method_progress(bars)
+        on_event("coevolution", "bench", {})
+        on_event("h0", "episode", {"episode": "drill", "side": "act", "success": True, "status": "done"})
+        time.sleep(0.7)
+    beats = [line for line in lines(console) if not line.startswith(("start:", "end:"))]
+    assert len(beats) >= 2 and all(line.startswith("h0: scoring · episode 1: drill/act") for line in beats[1:]), beats
 
 
 def test_a_terminal_gets_rich_live_bars():
