@@ -9,7 +9,7 @@ pair is a task the harness either solves (the act side completed, the abstain
 side abstained with grounds) or not, its change from parent to candidate is a
 win, a loss or a tie, and the gain must be unlikely under "no difference"
 (p ≤ the gate's level), so one flipped task never adopts a candidate. The
-task is the unit because Act and Abstain are scored per task (HERA §4): on
+task is the unit because HERA scores Act and Abstain per task: on
 a pair as unit a candidate that solves one side more on three of six pairs
 and loses nothing (3 of 6, p = 0.125) could never be told from chance,
 while its five solved tasks are (p = 0.031). With fewer tasks than
