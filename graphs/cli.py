@@ -991,7 +991,7 @@ def compare(args: argparse.Namespace) -> int:
         results = asyncio.run(api.compare(args.configs, settings, pairs, context, run_id=args.run_id, on_event=method_progress(bars)))
     ledger = Ledger(args.ledger)
     rows = comparison(ledger, results)
-    paths = write_report(comparison_report(ledger, args.run_id, results), RunPaths.here().report(args.run_id))
+    paths = write_report(comparison_report(ledger, args.run_id, rows), RunPaths.here().report(args.run_id))
     if args.json:
         print(json.dumps({"run_id": args.run_id, "methods": rows, "report": {k: str(v) for k, v in paths.items()}}, indent=1,
                          default=lambda v: v.model_dump() if isinstance(v, Metrics) else str(v)))

@@ -58,8 +58,8 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 # embedded local model on two CPU cores (42–54 minutes measured), where a 30-turn episode alone can take half an hour.
 # Its 6 validation pairs (12 tasks) are all the short tier has; the selection gate (a sign test over
 # tasks at 0.05) passes when 5 tasks more are solved and none fewer, and each pair more costs two
-# episodes per harness scored. One refinement round
-# lets a proposal that a review or check rejects choose again with the reason in hand.
+# episodes per harness scored. One refinement round lets a proposal that a review or check rejects
+# choose again with the reason in hand.
 # `tier` picks the pairs: `short` ones (2–3 reference calls) are the tasks a 1.5B model can finish; on the
 # standard tier no harness completed a feasible task within 10 turns in local runs (Act 0/6 for H0 and for
 # every candidate), which leaves selection nothing to see on the act side. `standard` was sized from local

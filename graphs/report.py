@@ -150,12 +150,12 @@ def over_abstain_warning(metrics: Metrics | None) -> str:
             "this harness refuses feasible requests more often than it completes them")
 
 
-def count_cell(metrics: Metrics | None, name: str) -> str:
-    """Count and percentage for a complete run, the count alone for an incomplete one."""
+def count_cell(metrics: Metrics | None, name: str, percent: bool = True) -> str:
+    """Count and percentage for a complete run (unless `percent` is false), the count alone for an incomplete one."""
     if metrics is None:
         return "—"
     count = f"{metrics.counts[name]}/{metrics.totals[name]}"
-    return f"{count} ({metrics.percent[name]:.1f}%)" if metrics.percent else count
+    return f"{count} ({metrics.percent[name]:.1f}%)" if percent and metrics.percent else count
 
 
 def funnel(outcomes: list[ProposalOutcome], admitted: int) -> dict[str, int]:
@@ -549,10 +549,10 @@ def round_tokens(ledger: Ledger, r: Round, lineage: dict[str, LineageEntry], see
     return tokens
 
 
-def method_tokens(ledger: Ledger, run_id: str) -> int:
-    """Tokens (in + out) a compared method's run used, each episode it scored counted once whether it ran or came
-    from the rollout cache: what the method costs on its own."""
-    rs = rounds(ledger, run_id)
+def method_tokens(ledger: Ledger, run_id: str, rs: list[Round] | None = None) -> int:
+    """Tokens (in + out) a compared method's run (its rounds `rs`, read when not given) used, each episode it scored
+    counted once whether it ran or came from the rollout cache: what the method costs on its own."""
+    rs = rounds(ledger, run_id) if rs is None else rs
     if not rs:
         return sum(_usage_tokens(e.usage) for e in ledger.episodes(run_id))
     lineage = {e.id: e for e in ledger.lineage()}
@@ -573,14 +573,15 @@ def comparison(ledger: Ledger, results: dict[str, dict], reference: str = "h0") 
     rows = []
     for name, result in results.items():
         bench = Metrics.model_validate(result["bench"]) if result.get("bench") else None
-        blocks = {r.harness_run for r in rounds(ledger, result["run_id"]) if r.harness_run}
+        rs = rounds(ledger, result["run_id"])
+        blocks = {r.harness_run for r in rs if r.harness_run}
         adopted = sum(e.adopted and e.parent_id is not None for b in blocks for e in ledger.lineage(b))
         run = ledger.run(result["run_id"]) or {}
         rows.append({"method": name, "run_id": result["run_id"], "harness": result.get("harness"), "bench": bench,
                      "difference": paired_difference(base, bench) if base and bench and base.complete and bench.complete
                      and name != reference else None,
-                     "tokens": method_tokens(ledger, result["run_id"]), "wall_s": float(run.get("wall_s") or 0.0),
-                     "adopted": adopted if blocks else None})
+                     "tokens": method_tokens(ledger, result["run_id"], rs), "wall_s": float(run.get("wall_s") or 0.0),
+                     "adopted": adopted if blocks else None, "evolved": bool(rs)})
     return rows
 
 
@@ -598,10 +599,8 @@ COMPARED = ("abstain", "act", "pair", "over_abstain", "abstain_raw", "pair_raw")
 def comparison_tables(rows: list[dict], reference: str = "h0", compact: bool = False) -> tuple[Table, Table]:
     """The methods' bench scores, grounded and raw; then each one against `reference` and what it cost. `compact`
     (a terminal's width): counts without percentages, no run ids."""
-    def cell(metrics: Metrics | None, name: str) -> str:
-        return count_cell(metrics, name) if not compact or metrics is None else f"{metrics.counts[name]}/{metrics.totals[name]}"
-
-    scores = Table(("method", *(LABELS[k] for k in COMPARED)), tuple((r["method"], *(cell(r["bench"], k) for k in COMPARED)) for r in rows),
+    scores = Table(("method", *(LABELS[k] for k in COMPARED)),
+                   tuple((r["method"], *(count_cell(r["bench"], k, percent=not compact) for k in COMPARED)) for r in rows),
                    "bench scores of each method's final harness, scored once")
     columns = ("method", "Δ Pair", "Δ Abstain", "tokens", "wall (min)", "adopted", *(() if compact else ("run",)))
     against = Table(columns, tuple((r["method"], _difference_cell(r, "pair"), _difference_cell(r, "abstain"), f"{r['tokens']:,}",
@@ -615,12 +614,13 @@ def comparison_tables(rows: list[dict], reference: str = "h0", compact: bool = F
     return scores, against
 
 
-def comparison_report(ledger: Ledger, run_id: str, results: dict[str, dict]) -> Report:
-    """The comparison table, then each evolving method's co-evolution sections (lineage, dynamics, cost)."""
-    sections = [Section("Comparison", _anchor("compare", run_id), comparison_tables(comparison(ledger, results)))]
-    for name, result in results.items():
-        if rounds(ledger, result["run_id"]):
-            sections += [_retitled(s, f"{name}: {s.title}", 3) for s in coevolution_sections(ledger, result["run_id"])]
+def comparison_report(ledger: Ledger, run_id: str, rows: list[dict]) -> Report:
+    """The comparison tables (`comparison`'s rows), then each evolving method's co-evolution sections (lineage,
+    dynamics, cost)."""
+    sections = [Section("Comparison", _anchor("compare", run_id), comparison_tables(rows))]
+    for row in rows:
+        if row["evolved"]:
+            sections += [_retitled(s, f"{row['method']}: {s.title}", 3) for s in coevolution_sections(ledger, row["run_id"])]
     return Report(run_id, "compare", tuple(sections))
 
 
