@@ -157,13 +157,18 @@ async def compare(
     on_event: Callable[[str, str, dict], None] | None = None,
 ) -> dict[str, dict]:
     """Several methods on one protocol, one after another: `run_method`'s result per method. Given a run id, each
-    method's run is that id with the method's name (so a resumed comparison resumes every method)."""
+    method's run is that id with the method's name (so a resumed comparison resumes every method). A method with the
+    same settings as one before it (`CONFIGS`) is not run again: its result is that method's, with `same_as` naming it."""
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         raise ConfigError(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
-    return {name: await run_method(name, settings, pairs, context, run_id=run_id and f"{run_id}-{name}",
-                                   on_event=on_event and (lambda node, value, name=name: on_event(name, node, value)))
-            for name in names}
+    results: dict[str, dict] = {}
+    for name in dict.fromkeys(names):
+        same = next((n for n in results if CONFIGS[n] == CONFIGS[name]), None)
+        results[name] = results[same] | {"same_as": same} if same else await run_method(
+            name, settings, pairs, context, run_id=run_id and f"{run_id}-{name}",
+            on_event=on_event and (lambda node, value, name=name: on_event(name, node, value)))
+    return results
 
 
 def checkpointed_runs() -> list[str]:

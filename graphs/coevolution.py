@@ -79,11 +79,12 @@ PRESETS: dict[str, dict] = {
 }
 
 # The compared methods as settings of this graph (HERA Table 1, ECDYSIS Table 1). A `static` method is a
-# bundle scored as it is.
+# bundle scored as it is. HERA's harness-only baseline evolves the harness as ECDYSIS does (fdcr) on the fixed
+# pool, so `harness-only` and `fdcr` are one configuration under two names: `api.compare` runs it once.
 CONFIGS: dict[str, dict] = {
     "h0": {"static": "H0"},
     "h0-abstain-prompt": {"static": "H0-abstain-prompt"},
-    "harness-only": {"env": "none"},
+    "harness-only": {"env": "none", "mode": "fdcr"},
     "task-augmented": {"env": "augment"},
     "h0-failures": {"env": "h0"},
     "coevolution": {"env": "coevolve"},

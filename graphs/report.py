@@ -567,7 +567,7 @@ def method_tokens(ledger: Ledger, run_id: str, rs: list[Round] | None = None) ->
 def comparison(ledger: Ledger, results: dict[str, dict], reference: str = "h0") -> list[dict]:
     """One row per compared method (`api.compare`'s results): its bench metrics, the paired difference of each score
     from `reference`'s on the pairs both finished (None without a complete reference), tokens, wall time, and the
-    candidates its harness-evolution blocks adopted."""
+    candidates its harness-evolution blocks adopted; a method run once under another name (`same_as`) repeats its row."""
     base = results.get(reference, {}).get("bench")
     base = Metrics.model_validate(base) if base else None
     rows = []
@@ -581,7 +581,7 @@ def comparison(ledger: Ledger, results: dict[str, dict], reference: str = "h0") 
                      "difference": paired_difference(base, bench) if base and bench and base.complete and bench.complete
                      and name != reference else None,
                      "tokens": method_tokens(ledger, result["run_id"], rs), "wall_s": float(run.get("wall_s") or 0.0),
-                     "adopted": adopted if blocks else None, "evolved": bool(rs)})
+                     "adopted": adopted if blocks else None, "evolved": bool(rs), "same_as": result.get("same_as")})
     return rows
 
 
@@ -599,18 +599,23 @@ COMPARED = ("abstain", "act", "pair", "over_abstain", "abstain_raw", "pair_raw")
 def comparison_tables(rows: list[dict], reference: str = "h0", compact: bool = False) -> tuple[Table, Table]:
     """The methods' bench scores, grounded and raw; then each one against `reference` and what it cost. `compact`
     (a terminal's width): counts without percentages, no run ids."""
+    def method(row: dict) -> str:
+        return row["method"] + (f" (= {row['same_as']})" if row.get("same_as") else "")
+
     scores = Table(("method", *(LABELS[k] for k in COMPARED)),
-                   tuple((r["method"], *(count_cell(r["bench"], k, percent=not compact) for k in COMPARED)) for r in rows),
+                   tuple((method(r), *(count_cell(r["bench"], k, percent=not compact) for k in COMPARED)) for r in rows),
                    "bench scores of each method's final harness, scored once")
-    columns = ("method", "Δ Pair", "Δ Abstain", "tokens", "wall (min)", "adopted", *(() if compact else ("run",)))
-    against = Table(columns, tuple((r["method"], _difference_cell(r, "pair"), _difference_cell(r, "abstain"), f"{r['tokens']:,}",
+    columns = ("method", "Δ Pair", "Δ Abstain", "tokens", "wall (min)", "adopted", "min / adopted", *(() if compact else ("run",)))
+    against = Table(columns, tuple((method(r), _difference_cell(r, "pair"), _difference_cell(r, "abstain"), f"{r['tokens']:,}",
                                     f"{r['wall_s'] / 60:.1f}", "—" if r["adopted"] is None else str(r["adopted"]),
+                                    f"{r['wall_s'] / 60 / r['adopted']:.1f}" if r["adopted"] else "—",
                                     *(() if compact else (r["run_id"],))) for r in rows),
                     f"against {reference}, and cost",
                     f"Δ: bench score minus {reference}'s in percentage points, with a 95% paired bootstrap interval over the "
                     "pairs; tokens: every model call of the method's runs, episodes reused from the rollout cache included "
                     "(what it costs on its own); wall: the time its own runs took, reused episodes costing none; adopted: "
-                    "candidates its harness-evolution blocks adopted")
+                    "candidates its harness-evolution blocks adopted; min / adopted: wall time per adopted candidate; "
+                    "(= M): the same settings as M, run once")
     return scores, against
 
 
@@ -619,7 +624,7 @@ def comparison_report(ledger: Ledger, run_id: str, rows: list[dict]) -> Report:
     dynamics, cost)."""
     sections = [Section("Comparison", _anchor("compare", run_id), comparison_tables(rows))]
     for row in rows:
-        if row["evolved"]:
+        if row["evolved"] and not row["same_as"]:
             sections += [_retitled(s, f"{row['method']}: {s.title}", 3) for s in coevolution_sections(ledger, row["run_id"])]
     return Report(run_id, "compare", tuple(sections))
 

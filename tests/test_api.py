@@ -7,7 +7,8 @@ import pytest
 
 from envs.catalog import CATALOG, load_entry, split_pairs
 from graphs import api
-from graphs.coevolution import PRESETS
+from graphs.coevolution import CONFIGS, PRESETS
+from graphs.report import comparison, comparison_tables
 from roles.models import scripted
 from state.context import ConfigError, Context
 from state.ledger import Ledger
@@ -96,6 +97,24 @@ def test_compared_methods_run_in_order_with_their_events_and_an_unknown_one_runs
     assert {name: (r["run_id"], r["harness"], r["bench"]["counts"]["pair"]) for name, r in results.items()} == {
         "h0": ("cmp-h0", "H0", 1), "h0-abstain-prompt": ("cmp-h0-abstain-prompt", "H0-abstain-prompt", 0)}
     assert [e[:2] for e in events] == [("h0", "episode")] * 2 + [("h0-abstain-prompt", "episode")] * 2
+
+
+def test_a_method_with_the_settings_of_one_before_it_is_run_once_and_shown_under_both_names(context, monkeypatch):
+    assert CONFIGS["harness-only"] == CONFIGS["fdcr"]  # HERA's harness-only baseline is ECDYSIS's fdcr on the fixed pool
+    monkeypatch.setitem(CONFIGS, "h0-again", {"static": "H0"})
+    pairs = {"train": [PAIR], "validation": [PAIR], "bench": [PAIR]}
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    events = []
+    results = asyncio.run(api.compare(["h0", "h0-again", "h0"], {"max_turns": 4}, pairs, context, run_id="cmp",
+                                      on_event=lambda name, node, value: events.append(name)))
+    scripted.assert_consumed()  # one run's episodes
+    assert events == ["h0", "h0"] and [r["id"] for r in Ledger(context.ledger).runs()] == ["cmp-h0"]
+    assert list(results) == ["h0", "h0-again"] and results["h0-again"] == results["h0"] | {"same_as": "h0"}
+    rows = comparison(Ledger(context.ledger), results)
+    scores, against = comparison_tables(rows)
+    assert [r[0] for r in scores.rows] == [r[0] for r in against.rows] == ["h0", "h0-again (= h0)"]
+    assert scores.rows[0][1:] == scores.rows[1][1:]
 
 
 def test_a_methods_wall_time_adds_up_over_the_invocations_of_a_resumed_run(context, monkeypatch):
