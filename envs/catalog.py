@@ -44,6 +44,7 @@ class Parent:
     control: tuple[StateOp, ...]
     env_dir: Path
     tier: str = "standard"  # a pair's; its twins keep it (the task is the same)
+    category: str | None = None  # a pair's: the category of the mutation of its infeasible side
 
     def twin(self, pair_id: str, mutation: Mutation) -> PairSpec:
         """The training pair of this task and a mutation of its environment."""
@@ -57,7 +58,8 @@ def load_parent(parent_id: str, root: Path | str = CATALOG) -> Parent:
     root = Path(root)
     if any(root.glob(f"*/pairs/{glob.escape(parent_id)}.yaml")):
         entry = load_entry(parent_id, root)
-        return Parent(parent_id, entry.env, entry.pair.task, entry.pair.control, entry.path.parent.parent, entry.pair.tier)
+        return Parent(parent_id, entry.env, entry.pair.task, entry.pair.control, entry.path.parent.parent, entry.pair.tier,
+                      entry.pair.mutation.category)
     for path in [root / "tasks" / f"{parent_id}.yaml", *root.glob(f"*/tasks/{glob.escape(parent_id)}.yaml")]:
         if path.is_file():
             env = load_environment(path.parent.parent)

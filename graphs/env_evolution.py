@@ -21,6 +21,7 @@ import operator
 import re
 import shutil
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Callable, Literal
@@ -231,6 +232,26 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def spread(chosen: list[tuple[str, str, str]], entries: list[Parent], offered: dict[str, set[str]],
+           order: list[str]) -> list[tuple[str, str, str]]:
+    """The plan's (parent, category, idea) targets, each keeping its category unless the parent does not offer it (its
+    menu's categories) or the parent's task already has two twins of it more than of another category it offers
+    (counting the pool's pairs of that task and the plan's earlier targets): then the least covered category it
+    offers, first in `order` (weakest first), without the idea written for the other. A pool of one category's twins
+    teaches one kind of abstention, and a small designer picks the first diagnosed category every time."""
+    by_id = {e.id: e for e in entries}
+    covered = Counter((e.task.id, e.category) for e in entries if e.category)
+    plan = []
+    for parent, category, idea in chosen:
+        task, options = by_id[parent].task.id, [c for c in order if c in offered[parent]]
+        least = min((covered[task, c] for c in options), default=0)
+        if options and (category not in options or covered[task, category] > least + 1):
+            category, idea = next(c for c in options if covered[task, c] == least), ""
+        covered[task, category] += 1
+        plan.append((parent, category, idea))
+    return plan
+
+
 async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Context]) -> dict:
     """Chooses this round's proposal targets from the diagnosis; writes `targets`, `design_round`, `usage`."""
     ctx, parents, n = runtime.context, state["parents"], state["proposers"]
@@ -243,11 +264,10 @@ async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Contex
                                  ctx.proposer_model, ctx.model_timeout_s)
     for i in range(len(chosen), n):  # a short plan is filled round-robin over parents and the diagnosed categories
         chosen.append((parents[i % len(parents)], weak[i % len(weak)], ""))
-    if ctx.proposals == "menu":  # a category the parent's menu lacks becomes the first diagnosed (else listed) one it offers
+    if ctx.proposals == "menu":  # what each parent's menu offers is known: the plan is spread over it
         by_id = dict(zip(parents, entries))
         offered = {p: {o.category for o in await menu_of(by_id[p])} for p in {p for p, _, _ in chosen}}
-        chosen = [(p, c if c in offered[p] or not offered[p] else next(k for k in [*weak, *CATEGORIES] if k in offered[p]), idea)
-                  for p, c, idea in chosen]
+        chosen = spread(chosen, entries, offered, list(dict.fromkeys(weak + list(CATEGORIES))))
     targets = [ProposalTarget(id=f"{parent}--{_slug(category)}-{state['run_id'][-6:]}-{round_}{i}", parent=parent, category=category, idea=idea,
                               source=source)
                for i, (parent, category, idea) in enumerate(chosen)]

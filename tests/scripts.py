@@ -41,7 +41,7 @@ def eager_agent(messages, tools):
     if "reservation_id" in last:
         return DONE
     asked_to_check = "check each requirement" in str(messages[-1].content)
-    item = next(json.loads(m.content.split("\n\n")[0]) for m in results if m.content.startswith("{") and "price" in m.content)
+    item = next((json.loads(m.content.split("\n\n")[0]) for m in results if m.content.startswith("{") and "price" in m.content), {})
     if asked_to_check and not isinstance(item.get("price"), (int, float)):
         return REFUSAL
     return {"tool_calls": [{"name": "reserve", "args": {"sku": "DR-220", "qty": 2}}]}

@@ -5,6 +5,7 @@ baselines' wiring, and resuming after a SIGKILL."""
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -60,8 +61,10 @@ def mutation() -> dict:
 def propose(messages, schema):
     if schema.__name__ == "DesignPlan":
         return {"targets": [{"parent": PARENT, "category": "missing_evidence", "idea": "hide the price"}]}
-    if schema.__name__ == "MenuChoice":  # the menu's change that empties the price, as the fixture's own mutation does
-        line = next(line for line in messages[0].content.splitlines() if "] empty items[DR-220].price" in line)
+    if schema.__name__ == "MenuChoice":  # the menu's change that empties the price, as the fixture's own mutation does,
+        # else (the task has twins enough of that category: `spread`) the first one offered
+        lines = [line for line in messages[0].content.splitlines() if re.match(r"O\d+ \[", line)]
+        line = next((line for line in lines if "] empty items[DR-220].price" in line), lines[0])
         return {"option": line.split()[0], "description": "the price is gone", "requirement": "the price must be stated"}
     return mutation()
 

@@ -169,3 +169,28 @@ def test_the_proposer_reads_the_parent_with_its_tools_signatures_and_the_rows_th
     assert "- reserve (write): Reserves units of an item for a customer. (sku: string, qty: integer)" in text
     assert '{"sku": "DR-220", "name": "Cordless drill", "price": 89.0, "stock": 2}' in text
     assert "Task (feasible here): Reserve two cordless drills" in text and "Answer: Reserved 2 cordless drills" in text
+
+
+def test_a_plan_is_spread_over_the_categories_a_task_has_fewest_twins_of():
+    from types import SimpleNamespace
+
+    from graphs.env_evolution import spread
+
+    def pair(id, task, category):
+        return SimpleNamespace(id=id, task=SimpleNamespace(id=task), category=category)
+
+    # task a: its own pair's twin and an evolved twin are missing_evidence; task b's pair is stale_record
+    pool = [pair("a", "a", "missing_evidence"), pair("a--child", "a", "missing_evidence"), pair("b", "b", "stale_record")]
+    offered = {"a": {"missing_evidence", "broken_tool", "stale_record"}, "a--child": {"missing_evidence", "broken_tool"},
+               "b": {"missing_evidence", "stale_record"}}
+    order = ["missing_evidence", "stale_record", "broken_tool", "ambiguous_entity"]
+    plan = [("a", "missing_evidence", "hide x"), ("a--child", "missing_evidence", "hide y"), ("a", "stale_record", "age it"),
+            ("b", "missing_evidence", "hide w"), ("b", "ambiguous_entity", "two of them"), ("b", "missing_evidence", "hide v")]
+    assert spread(plan, pool, offered, order) == [
+        ("a", "stale_record", ""),          # task a has two missing_evidence twins and none of the others: weakest first
+        ("a--child", "broken_tool", ""),    # the child offers no stale_record, which the plan's first target now covers
+        ("a", "stale_record", "age it"),    # as many twins as any category a offers: kept with its idea
+        ("b", "missing_evidence", "hide w"),
+        ("b", "missing_evidence", ""),      # not offered: of the categories b offers, one twin each, weakest first
+        ("b", "missing_evidence", "hide v"),  # one twin more than stale_record, not two: kept
+    ]

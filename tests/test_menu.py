@@ -106,9 +106,10 @@ def choose(option: str):
 
 
 def test_the_graph_certifies_a_menu_choice_and_a_rejected_choice_is_not_offered_again(context):
-    # the shop's menu has no ambiguous_entity option: the target becomes the diagnosis's missing_evidence
+    # the shop's menu has no ambiguous_entity option, and the pair's own twin is missing_evidence: the target becomes
+    # the least covered category the menu offers, broken_tool
     plan = {"targets": [{"parent": PARENT, "category": "ambiguous_entity", "idea": "hide the price"}]}
-    scripted.register("proposer", [plan, choose("O2"), choose("O3")])
+    scripted.register("proposer", [plan, choose("O1"), choose("O3")])
     rejected = []
 
     def review(messages, schema):  # the semantic reviewer rejects round 1's choice; everything else is accepted
@@ -123,13 +124,16 @@ def test_the_graph_certifies_a_menu_choice_and_a_rejected_choice_is_not_offered_
     _, final = asyncio.run(api.evolve_envs([PARENT], DIAGNOSIS, context, proposers=1, max_refinements=1, batch_size=1, budget=1))
     scripted.assert_consumed()
     (outcome,) = final["outcomes"].values()
-    assert outcome.status == "certified" and outcome.rounds == 2 and outcome.target.category == "missing_evidence"
+    assert outcome.status == "certified" and outcome.rounds == 2 and outcome.target.category == "broken_tool"
+    assert "Idea: (your choice)" in scripted.calls("proposer")[1].messages[0].content  # the idea was for another category
     choices = [c for c in scripted.calls("proposer") if c.schema.__name__ == "MenuChoice"]
-    # the wanted category's options only (broken_tool's O1 is not among them), and O2 is gone after its rejection
-    enums = [c.schema.model_json_schema()["properties"]["option"]["enum"] for c in choices]
-    assert enums == [["O2", "O3", "O4", "O5"], ["O3", "O4", "O5"]]
+    # the wanted category's options only; O1 is gone after its rejection, and with none of that category left the
+    # rest of the menu is offered
+    options = [c.schema.model_json_schema()["properties"]["option"] for c in choices]
+    enums = [o.get("enum") or [o["const"]] for o in options]
+    assert enums == [["O1"], ["O2", "O3", "O4", "O5"]]
     assert "a deleted item is not a missing price" in choices[1].messages[0].content
-    assert outcome.reviews[0].startswith("round 1: chose O2 [missing_evidence] delete items row DR-220")
+    assert outcome.reviews[0].startswith("round 1: chose O1 [broken_tool]")
     mutation = Mutation.model_validate(outcome.mutation)
     assert mutation.state[0].op == "set" and mutation.state[0].fields == {"price": None}
     assert mutation.description == "the drill's price record is gone" and mutation.requirement == "the price must be stated"
