@@ -136,6 +136,7 @@ class CoevolutionState(CoevolutionInput, CoevolutionOutput, total=False):
     diagnosis: Diagnosis
     reserve: list[list[str]]  # env="h0": batches generated up front, released one per round
     env_run: str
+    tried: list[str]  # the failure groups the candidates of the blocks so far started from
 
 
 def _sub(ctx: Context, state: CoevolutionState) -> Context:
@@ -236,15 +237,15 @@ async def evolve_envs(state: CoevolutionState, runtime: Runtime[Context]) -> dic
 
 async def evolve_harness(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
     """One harness-evolution block on the grown pool, selecting on the validation pairs; writes `harness`, `lineage`,
-    `results`, `steps`."""
+    `tried`, `results`, `steps`."""
     ctx = _sub(runtime.context, state)
     harness_run, final = await run_harness_evolution(
         state["harness"], state["pool"], state["validation"], ctx, candidates=state["candidates"], mode=state["mode"],
         channel=state["channel"], rounds=state["review_rounds"], rule=state["rule"], gate_level=state.get("gate_level", GATE_LEVEL),
-        run_id=f"{state['run_id']}-h{state['round']}",
-        on_event=_forward)
+        tried=state.get("tried", []), run_id=f"{state['run_id']}-h{state['round']}", on_event=_forward)
     selected = final["lineage"][final["selected"]]
-    return {"harness": selected.path, "lineage": final["lineage"], "steps": [await _step(state["round"], harness_evolution, harness_run)],
+    return {"harness": selected.path, "lineage": final["lineage"], "tried": state.get("tried", []) + final.get("started", []),
+            "steps": [await _step(state["round"], harness_evolution, harness_run)],
             "results": [{"round": state["round"], "harness_run": harness_run, "harness": selected.id, "bundle": selected.path,
                          "train_run": selected.train.run_id, "validation_run": selected.validation.run_id,
                          "train": selected.train.model_dump(), "validation": selected.validation.model_dump()}]}

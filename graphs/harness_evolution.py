@@ -18,6 +18,7 @@ block re-runs no finished episode.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import operator
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ from roles.models import scripted
 from roles.failure_analyst import analyse_failures, failure_records
 from roles.harness_optimizer import describe_bundle, failure_text, optimize_harness, signature, spec_text, stage
 from state.context import Context, EpisodeRequest
-from state.evolution import Diagnosis, FailureRecord, LineageEntry, ModificationSpec, Turn
+from state.evolution import Diagnosis, FailureGroup, FailureRecord, LineageEntry, ModificationSpec, Turn
 from state.ledger import Ledger
 from state.metrics import RunScores
 from state.paths import RunPaths
@@ -61,17 +62,20 @@ class HarnessEvolutionInput(TypedDict):
     rounds: int
     rule: Rule
     gate_level: NotRequired[float]  # the selection gate's sign-test level (default GATE_LEVEL)
+    tried: NotRequired[list[str]]  # the failure groups ("kind/category") candidates of earlier blocks started from
 
 
 class HarnessEvolutionOutput(TypedDict, total=False):
     lineage: dict[str, LineageEntry]
     selected: str
     usage: list[UsageRecord]
+    started: list[str]  # the failure group each candidate of this block started from
 
 
 class HarnessEvolutionState(HarnessEvolutionInput, HarnessEvolutionOutput, total=False):
     lineage: Annotated[dict[str, LineageEntry], merge]
     usage: Annotated[list[UsageRecord], operator.add]
+    started: Annotated[list[str], operator.add]
     parent: str
     failures: list[FailureRecord]
     episodes: int
@@ -126,11 +130,24 @@ async def failure_analyst(state: HarnessEvolutionState, runtime: Runtime[Context
     parent = state["lineage"][state["parent"]]
     start = (time.time(), len(state.get("usage", [])))
     diagnosis, usage = await analyse_failures(state["failures"], state["episodes"], runtime.context.analyst_model, runtime.context.model_timeout_s)
-    # The n candidates of a block start from different failure groups: candidate i from the i-th (recurring first).
-    k = state["index"] % len(diagnosis.groups) if diagnosis.groups else 0
-    diagnosis = diagnosis.model_copy(update={"groups": diagnosis.groups[k:] + diagnosis.groups[:k]})
-    return {"diagnosis": diagnosis, "harness": describe_bundle(load_bundle(parent.path)), "review": state["mode"] == "fdcr",
-            "usage": usage, "round_start": start}
+    groups = starting_order(diagnosis.groups, state.get("tried", []), state["index"])
+    return {"diagnosis": diagnosis.model_copy(update={"groups": groups}), "harness": describe_bundle(load_bundle(parent.path)),
+            "review": state["mode"] == "fdcr", "usage": usage, "round_start": start,
+            "started": [group_key(groups[0])] if groups else []}
+
+
+def group_key(group: FailureGroup) -> str:
+    return f"{group.kind}/{group.category}"
+
+
+def starting_order(groups: tuple[FailureGroup, ...], tried: list[str], index: int) -> tuple[FailureGroup, ...]:
+    """The diagnosed groups in the order candidate `index` of a block reads them, the first being where it starts: the
+    groups no candidate of an earlier block started from (`tried`) before the others, each part recurring first as
+    diagnosed, turned by `index` so that the candidates of one block start from different groups. With one
+    candidate a block and a harness nothing replaced, every block would otherwise start from the same group."""
+    ordered = tuple(g for g in groups if group_key(g) not in tried) + tuple(g for g in groups if group_key(g) in tried)
+    k = index % len(ordered) if ordered else 0
+    return ordered[k:] + ordered[:k]
 
 
 def route_after_failure_analyst(state: HarnessEvolutionState) -> Literal["fdcr", "harness_optimizer", "selector"]:
@@ -139,15 +156,21 @@ def route_after_failure_analyst(state: HarnessEvolutionState) -> Literal["fdcr",
     return "harness_optimizer" if state["mode"] == "serial" else "fdcr"
 
 
+def candidate_name(run_id: str, index: int, lineage: dict[str, LineageEntry]) -> str:
+    """c{index}, or the next free one past it: a block starting from an earlier block's candidate (its c1, say) has
+    that bundle's id in its lineage already, and a lineage id names one entry."""
+    return next(n for n in (f"c{i}" for i in itertools.count(index)) if f"{run_id}:{n}" not in lineage)
+
+
 async def harness_optimizer(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
     """Stages the next candidate from the parent and lets the coding agent edit it; writes `candidate`, `notes`, `usage`, `index`."""
     ctx, parent = runtime.context, state["lineage"][state["parent"]]
     index = state["index"] + 1
-    name = f"c{index}"
+    name = candidate_name(state["run_id"], index, state["lineage"])
     manifest = {"id": name, "parent_id": parent.bundle_id, "origin": f"harness_evolution:{state['mode']}:{state['channel']}",
                 "description": f"Candidate {index} of evolution run {state['run_id']}."}
     staging = await asyncio.to_thread(stage, Path(parent.path), RunPaths.here().bundles(state["run_id"]) / name, manifest)
-    groups = [f"{g.kind}/{g.category}" for g in state["diagnosis"].groups]
+    groups = [group_key(g) for g in state["diagnosis"].groups]
     if state["mode"] == "serial":
         briefs = [failure_text(f) for f in state["failures"]]
     else:
@@ -329,12 +352,14 @@ async def run_harness_evolution(
     rounds: int = 2,
     rule: str = "hera",
     gate_level: float = GATE_LEVEL,
+    tried: list[str] | None = None,
     run_id: str | None = None,
     on_event: Callable[[str, dict], None] | None = None,
 ) -> tuple[str, dict]:
-    """Runs (or resumes) one harness-evolution block; the run id and its final state (lineage, selected)."""
+    """Runs (or resumes) one harness-evolution block; the run id and its final state (lineage, selected, started).
+    `tried`: the failure groups candidates of earlier blocks started from (`starting_order`)."""
     run_id = run_id or runner.new_run_id()
     payload = {"run_id": run_id, "base": base, "pool": pool, "validation": validation, "candidates": candidates,
-               "mode": mode, "channel": channel, "rounds": rounds, "rule": rule, "gate_level": gate_level}
+               "mode": mode, "channel": channel, "rounds": rounds, "rule": rule, "gate_level": gate_level, "tried": tried or []}
     return run_id, await runner.run_checkpointed(builder, "harness_evolution", run_id, payload, context,
                                            50 + 10 * candidates, on_event, RunPaths.here().evolution)

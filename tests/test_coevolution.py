@@ -19,7 +19,7 @@ import psycopg
 import pytest
 import yaml
 
-from graphs import api
+from graphs import api, coevolution
 from state.paths import RunPaths
 from roles.models import scripted
 from state.context import Context
@@ -96,9 +96,18 @@ def context(tmp_path):
     scripted.clear()
 
 
-def test_rounds_grow_the_pool_by_a_batch_keep_validation_and_hide_the_bench(context):
+def test_rounds_grow_the_pool_by_a_batch_keep_validation_and_hide_the_bench(context, monkeypatch):
     register_models()
+    tried, block = [], coevolution.run_harness_evolution
+
+    async def spy(*args, **kwargs):
+        tried.append(kwargs["tried"])
+        return await block(*args, **kwargs)
+
+    monkeypatch.setattr(coevolution, "run_harness_evolution", spy)
     run_id, final = asyncio.run(api.run_coevolution("H0", context, run_id="co-1", **SETTINGS))
+    # the second block knows which failure group the first block's candidate started from
+    assert tried == [[], ["forbidden_action/missing_evidence"]]
     rounds = Ledger(context.ledger).rounds(run_id)
     assert [r["round"] for r in rounds] == [1, 2]
     pools = [json.loads(r["pool"]) for r in rounds]

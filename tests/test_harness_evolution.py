@@ -249,6 +249,31 @@ def test_one_block_end_to_end(context):
         "failure_analyst", "analyst", "critic", "engineer", "moderator", "harness_optimizer"] and c1.build_s > 0
     assert [e.id for e in Ledger(context.ledger).lineage(run_id)] == [base.id, c1.id]
     assert load_bundle(c1.path).manifest.parent_id == "H0"
+    assert final["started"] == ["forbidden_action/missing_evidence"]  # where c1 started, for the next block to know
+
+
+def test_candidates_start_from_the_groups_no_earlier_block_started_from_then_turn_within_a_block():
+    from graphs.harness_evolution import starting_order
+
+    groups = tuple(FailureGroup(kind=k, category=c, pair_ids=("p",), recurring=r) for k, c, r in (
+        ("guessed_identifier", "missing_evidence", True), ("ungrounded_abstain", "missing_evidence", True),
+        ("over_abstained", "none", False)))
+    keys = lambda order: [f"{g.kind}/{g.category}" for g in order]  # noqa: E731
+    assert keys(starting_order(groups, [], 0)) == keys(groups)  # recurring first, as diagnosed
+    assert keys(starting_order(groups, [], 1))[0] == "ungrounded_abstain/missing_evidence"  # a block's second candidate
+    assert keys(starting_order(groups, ["guessed_identifier/missing_evidence", "ungrounded_abstain/missing_evidence"], 0)) == [
+        "over_abstained/none", "guessed_identifier/missing_evidence", "ungrounded_abstain/missing_evidence"]
+    assert keys(starting_order(groups, keys(groups), 0)) == keys(groups)  # every group tried: as diagnosed again
+    assert starting_order((), ["x/y"], 3) == ()
+
+
+def test_a_block_starting_from_an_earlier_blocks_c1_names_its_candidates_past_it():
+    from graphs.harness_evolution import candidate_name
+
+    assert candidate_name("run-h1", 1, {"run-h1:H0": None}) == "c1"
+    # the standard run's second block started from the first block's adopted c1, and its own c1 overwrote it
+    assert candidate_name("run-h2", 1, {"run-h2:c1": None}) == "c2"
+    assert candidate_name("run-h2", 2, {"run-h2:c1": None, "run-h2:c2": None}) == "c3"
 
 
 def test_serial_mode_edits_once_per_failure_without_review(context):
