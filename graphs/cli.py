@@ -938,6 +938,13 @@ def _protocol(args: argparse.Namespace) -> tuple[dict, dict[str, list[str]], Con
 
 NEXT_STAGE = {"setup": "diagnosing", "diagnose": "environment evolution", "evolve_envs": "harness evolution",
               "evolve_harness": "recording the round", "record": "next round", "final": "done"}
+# what a round's sub-run does after each of its nodes (a resumed run learns its stage from these)
+NEXT_SUBSTAGE = {"environment_designer": "environment evolution: proposing", "batcher": "environment evolution: screening",
+                 "screener": "environment evolution: designing", "baseline": "harness evolution: diagnosing",
+                 "failure_analyst": "harness evolution: reviewing the failures", "fdcr": "harness evolution: editing",
+                 "harness_optimizer": "harness evolution: checking the candidate",
+                 "bundle_checks": "harness evolution: scoring the candidate",
+                 "candidate_evaluation": "harness evolution: diagnosing or selecting", "selector": "harness evolution: selected"}
 
 
 def method_progress(bars: Progress | Lines) -> Callable[[str, str, dict], None]:
@@ -953,6 +960,9 @@ def method_progress(bars: Progress | Lines) -> Callable[[str, str, dict], None]:
         if node == "episode":
             episodes[name] += 1
             text = f"{name}: {stages[name]} · episode {episodes[name]}: {value['episode']}/{value['side']} {mark(value)}"
+        elif node == "stage":  # a sub-run's inner nodes (a proposal's reviewers, say) leave the stage as it is
+            stages[name] = NEXT_SUBSTAGE.get(value["stage"], stages[name])
+            text = f"{name}: {stages[name]}"
         else:
             stages[name] = NEXT_STAGE.get(node, node)
             text = f"{name}: {stages[name]}"

@@ -155,9 +155,8 @@ def _copy_pairs(source: Path, catalog: Path, pair_ids: list[str]) -> None:
 
 
 def _forward(node: str, value: dict) -> None:
-    """Passes a sub-run's episode progress on to whoever streams this graph."""
-    if node == "episode":
-        get_stream_writer()(value)
+    """Passes a sub-run's progress, its episodes and the nodes it finishes, on to whoever streams this graph."""
+    get_stream_writer()(value if node == "episode" else {"stage": node})
 
 
 def _progress(record) -> None:

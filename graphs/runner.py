@@ -249,8 +249,9 @@ async def run_checkpointed(builder: StateGraph, name: str, run_id: str, payload:
     state (a run that already finished is not run again). A run is unfinished while its last checkpoint has tasks:
     `next` alone misses a run killed after a node's writes were kept but before the next checkpoint.
 
-    `on_event(node, update)` sees every node's update, subgraphs' included, and
-    `("episode", {...})` for each episode an evaluation inside it finishes."""
+    `on_event(node, update)` sees every node's update, subgraphs' included,
+    `("episode", {...})` for each episode an evaluation inside it finishes, and `("stage", {"stage": node})` for each
+    node a sub-run inside it finishes."""
     store.parent.mkdir(parents=True, exist_ok=True)
     async with checkpointer(store) as saver:
         graph = builder.compile(checkpointer=saver, name=name)
@@ -262,8 +263,8 @@ async def run_checkpointed(builder: StateGraph, name: str, run_id: str, payload:
                                                   stream_mode=["updates", "custom"], subgraphs=True, durability="sync"):
             if on_event is None:
                 continue
-            if kind == "custom":
-                on_event("episode", value)
+            if kind == "custom":  # an episode, or a sub-run's node (`{"stage": node}`)
+                on_event("stage" if "stage" in value else "episode", value)
             else:
                 for node, update in value.items():
                     on_event(node, update or {})

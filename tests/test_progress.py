@@ -54,6 +54,18 @@ def test_compared_methods_beat_only_for_the_one_running():
     assert len(beats) >= 2 and all(line.startswith("h0: scoring · episode 1: drill/act") for line in beats[1:]), beats
 
 
+def test_a_sub_runs_nodes_set_the_stage_its_inner_nodes_do_not():
+    console = Console(file=io.StringIO())
+    with progress(console, bar=False, heartbeat_s=3600) as bars:
+        on_event = method_progress(bars)
+        on_event("harness-only", "episode", {"episode": "drill", "side": "act", "success": True, "status": "done"})
+        on_event("harness-only", "stage", {"stage": "failure_analyst"})
+        on_event("harness-only", "stage", {"stage": "analyst"})  # inside fdcr: no change
+        on_event("harness-only", "stage", {"stage": "harness_optimizer"})
+    assert lines(console)[1:-1] == ["harness-only: setup · episode 1: drill/act ✓", "harness-only: harness evolution: reviewing the failures",
+                                    "harness-only: harness evolution: checking the candidate"]
+
+
 def test_a_terminal_gets_rich_live_bars():
     assert isinstance(progress(Console(file=io.StringIO(), force_terminal=True)), Progress)
 
