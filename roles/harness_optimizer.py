@@ -94,7 +94,7 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
     no failure group, a prompt addition that is not an instruction to the agent, a skill without a trigger and an action."""
     problems = []
     chosen = {c.name: c for c in edit.components}
-    changed = sorted({n for n in current if n not in chosen} | {n for n, c in chosen.items() if current.get(n) != (c.params or {})})
+    changed = _changed(edit, current)
     if len(changed) > max_changes:
         problems.append(f"it changes {len(changed)} components ({', '.join(changed)}); change at most {max_changes}, "
                         "the ones the failures call for")
@@ -105,6 +105,12 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
     for skill in edit.skills:
         problems += skill_problems(skill)
     return problems
+
+
+def _changed(edit: HarnessEdit, current: dict[str, dict]) -> list[str]:
+    """The components an edit adds, drops or re-parameterises."""
+    chosen = {c.name: c for c in edit.components}
+    return sorted({n for n in current if n not in chosen} | {n for n, c in chosen.items() if current.get(n) != (c.params or {})})
 
 
 def addition_problems(addition: str) -> list[str]:
@@ -125,16 +131,26 @@ def skill_problems(skill: Skill) -> list[str]:
 
 
 def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str]) -> tuple[HarnessEdit, list[str]] | None:
-    """The edit without its skills and prompt addition that fail their checks (a note for each), when the rest passes;
-    None when the components fail. A small model asked again often sends the same reply back (seen on the local model:
-    three asks, the last two identical, the candidate lost to one skill's vague trigger)."""
+    """The edit without its skills and prompt addition that fail their checks (a note for each), and, when it changes
+    more components than allowed, with the current components it left out put back; when the rest passes. None when
+    the components still fail. A small model asked again often sends the same reply back (seen on the local model:
+    three asks, the last two identical, the candidate lost to one skill's vague trigger; and a list of the current
+    components and two more that left one current component out, three changes)."""
     skills = [k for k in edit.skills if not skill_problems(k)]
     notes = [f"dropped: {p}" for k in edit.skills for p in skill_problems(k)]
     addition = edit.system_prompt_addition
     if addition_problems(addition):
         notes += [f"dropped: {p}" for p in addition_problems(addition)]
         addition = ""
-    kept = edit.model_copy(update={"skills": skills, "system_prompt_addition": addition})
+    components = list(edit.components)
+    left_out = [n for n in current if n not in {c.name for c in components}]
+    if len(_changed(edit, current)) > MAX_COMPONENT_CHANGES and left_out:
+        chosen = {c.name: c for c in components}
+        components = [chosen.get(n) or ComponentChoice(name=n, params=current[n]) for n in current] + [
+            c for c in components if c.name not in current]
+        notes.append(f"kept {', '.join(left_out)}: the edit left {'it' if len(left_out) == 1 else 'them'} out, which made more "
+                     f"than {MAX_COMPONENT_CHANGES} component changes")
+    kept = edit.model_copy(update={"skills": skills, "system_prompt_addition": addition, "components": components})
     return None if edit_problems(kept, current, groups) else (kept, notes)
 
 

@@ -459,11 +459,21 @@ def test_the_last_ask_keeps_the_components_and_drops_the_skills_and_prompt_that_
     assert "check_before_commit" in (staging / "components.yaml").read_text()
     assert [p.name for p in (staging / "skills").iterdir()] == ["missing.md"]
     assert "I added" not in (staging / "prompts" / "system.md").read_text()
-    # components that fail are not salvaged: the edit stays rejected
-    scripted.register("optimizer", [{**narrated, "components": [{"name": "look_before_act", "addresses": GROUP},
-                                                                {"name": "read_before_write", "addresses": GROUP}]}] * 3)
+    # two components added and the current one left out, three changes (seen on the local model): the current one is
+    # put back
+    two_more = [{"name": "look_before_act", "addresses": GROUP}, {"name": "read_before_write", "addresses": GROUP}]
+    scripted.register("optimizer", [{**narrated, "components": two_more}] * 3)
     staged = stage(BUNDLES / "H0", staging.parent / "c2", {"id": "c2", "parent_id": "H0", "origin": "test", "description": "t"})
     (staged / "components.yaml").write_text("- name: check_before_commit\n")
+    notes, _, problems = asyncio.run(structured_edit(staged, "fix it", "H0", "scripted:optimizer", 60, [GROUP]))
+    assert problems == [] and "kept check_before_commit: the edit left it out, which made more than 2 component changes" in notes
+    assert [c["name"] for c in yaml.safe_load((staged / "components.yaml").read_text())] == [
+        "check_before_commit", "look_before_act", "read_before_write"]
+    # components that still change too many are not salvaged: the edit stays rejected
+    retuned = [{"name": "suppress_duplicate_calls", "params": {"stop_after": 3}, "addresses": GROUP}, *two_more]
+    scripted.register("optimizer", [{**narrated, "components": retuned}] * 3)
+    staged = stage(BUNDLES / "H0", staging.parent / "c3", {"id": "c3", "parent_id": "H0", "origin": "test", "description": "t"})
+    (staged / "components.yaml").write_text("- name: suppress_duplicate_calls\n")
     notes, _, problems = asyncio.run(structured_edit(staged, "fix it", "H0", "scripted:optimizer", 60, [GROUP]))
     assert notes == ["edit rejected after 3 asks"] and problems[0].startswith("it changes 3 components")
 
