@@ -241,7 +241,8 @@ def apply_edit(staging: Path, edit: HarnessEdit) -> list[str]:
         except ValueError as exc:
             notes.append(f"component {c.name} dropped: {str(exc).splitlines()[0]}")
     unique = list({c["name"]: c for c in chosen}.values())
-    (staging / "components.yaml").write_text(yaml.safe_dump(unique, sort_keys=False))
+    if unique or (staging / "components.yaml").exists():  # no file and no component: nothing to write, nothing changed
+        (staging / "components.yaml").write_text(yaml.safe_dump(unique, sort_keys=False))
     for skill in edit.skills:
         sid = "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in skill.id.lower()).strip("-") or "skill"
         (staging / "skills").mkdir(exist_ok=True)
@@ -254,6 +255,15 @@ def apply_edit(staging: Path, edit: HarnessEdit) -> list[str]:
             config["action_mode"] = edit.action_mode
         (staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return notes
+
+
+def nothing_changed(kind: str | None, current: dict[str, dict]) -> str:
+    """Why an edit that leaves the harness as it was is rejected, with the components built for the failure kind the
+    candidate starts from that the harness lacks (the local model, told only that its edit changed nothing, sent the
+    same list of current components back)."""
+    missing = [c.name for c in LIBRARY.values() if kind in c.addresses and c.name not in current]
+    return "it changes nothing in the harness" + (
+        f"; components built for {kind.replace('_', ' ')} that it does not have: {', '.join(missing)}" if missing else "")
 
 
 def _current_components(staging: Path) -> dict[str, dict]:
@@ -286,7 +296,7 @@ async def structured_edit(staging: Path, brief: str, harness: str, model: str, t
             notes = dropped + await asyncio.to_thread(apply_edit, staging, edit)
             after = await asyncio.to_thread(signature, staging)
             if after == before:
-                problems = ["it changes nothing in the harness"]
+                problems = [nothing_changed(kinds[0] if kinds else None, current)]
             elif after in taken:
                 problems = ["it makes the same harness as an earlier candidate of this block; make a different edit"]
             if problems:

@@ -478,6 +478,17 @@ def test_the_last_ask_keeps_the_components_and_drops_the_skills_and_prompt_that_
     assert notes == ["edit rejected after 3 asks"] and problems[0].startswith("it changes 3 components")
 
 
+def test_an_edit_that_changes_nothing_is_asked_again_with_the_components_built_for_the_failure(staging):
+    same = {**EDIT, "system_prompt_addition": "", "skills": [], "components": []}
+    scripted.register("optimizer", [same] * 3)
+    notes, _, problems = asyncio.run(structured_edit(staging, "fix it", "H0", "scripted:optimizer", 60, ["over_abstained/none"]))
+    assert notes == ["edit rejected after 3 asks"]
+    built = [c.name for c in LIBRARY.values() if "over_abstained" in c.addresses]
+    assert built and problems == [f"it changes nothing in the harness; components built for over abstained that it does not have: "
+                                  f"{', '.join(built)}"]
+    assert problems[0] in scripted.calls("optimizer")[1].messages[-1].content
+
+
 def test_an_edit_that_rebuilds_an_earlier_candidate_is_refused(staging, tmp_path):
     earlier = stage(staging, tmp_path / "earlier", {"id": "c0", "parent_id": "H0", "origin": "t", "description": "t"})
     apply_edit(earlier, HarnessEdit.model_validate(EDIT))
