@@ -177,17 +177,18 @@ async def harness_optimizer(state: HarnessEvolutionState, runtime: Runtime[Conte
         briefs = [f"Start from this failure group: {groups[0]}.\n{spec_text(state['spec'])}" if groups else spec_text(state["spec"])]
     # Candidates of one block must differ: none may rebuild the starting bundle or an earlier candidate.
     taken = tuple([await asyncio.to_thread(signature, Path(e.path)) for e in state["lineage"].values() if Path(e.path).is_dir()])
-    notes, usage, problems = [], [], []
-    for brief in briefs:
+    notes, usage, problems, applied = [], [], [], 0
+    for i, brief in enumerate(briefs, 1):
         harness = describe_bundle(load_bundle(staging))
-        more_notes, more_usage, problems = await optimize_harness(staging, brief, harness, ctx.optimizer_model, state["channel"],
-                                                          ctx.model_timeout_s, groups, taken)
+        more_notes, more_usage, failed = await optimize_harness(staging, brief, harness, ctx.optimizer_model, state["channel"],
+                                                                ctx.model_timeout_s, groups, taken)
         notes += more_notes
         usage += more_usage
-        if problems:
-            break
+        if failed and len(briefs) > 1:  # serial: one failure at a time; one whose edit was rejected is skipped
+            notes.append(f"failure {i} of {len(briefs)} skipped: {'; '.join(failed)}")
+        problems, applied = problems or failed, applied + (not failed)
     return {"candidate": str(staging), "notes": notes, "usage": usage, "index": index,
-            "edit_problems": [f"edit: {p}" for p in problems]}
+            "edit_problems": [] if applied else [f"edit: {p}" for p in problems]}
 
 
 def _smoke_steps(structured: bool):

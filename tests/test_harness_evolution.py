@@ -290,6 +290,19 @@ def test_serial_mode_edits_once_per_failure_without_review(context):
     assert c1.spec is None and [u.role for u in c1.usage] == ["failure_analyst", "harness_optimizer", "harness_optimizer"]
 
 
+def test_serial_mode_skips_a_failure_whose_edit_is_rejected_and_keeps_the_others(context):
+    scripted.register("agent", [eager_agent] * 200)
+    scripted.register("judge", [shop_judge] * 40)
+    scripted.register("analyst", [CAUSE])
+    nothing = {**EDIT, "system_prompt_addition": "", "components": []}  # H0 as it was: rejected three times
+    scripted.register("optimizer", [tied(nothing)] * 3 + [tied(EDIT)])
+    run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill", "shop-rescued"], ["shop-out-of-scope"], context,
+                                                   candidates=1, mode="serial"))
+    scripted.assert_consumed("optimizer")
+    c1 = final["lineage"][f"{run_id}:c1"]
+    assert c1.problems == () and "+- name: check_before_commit" in c1.diff and c1.train is not None
+
+
 def test_a_rejected_candidate_is_kept_in_the_lineage_with_why(context):
     scripted.register("agent", [eager_agent] * 200)
     scripted.register("judge", [shop_judge] * 40)
