@@ -3,7 +3,9 @@
 Both rules read the grounded metrics. HERA's (on the fixed validation pairs):
 neither Abstain nor Pair decreases and at least one rises. ECDYSIS's (on the
 training pool): Pair strictly rises. Both are guarded — Act must not drop and
-Over-abstain must not rise, so refusing more is never progress — and gated
+Over-abstain must not rise by more than Act rises, so refusing more is never
+progress (a candidate that refuses one more feasible task while completing
+three more, seen on the local model, is not refusing its way up) — and gated
 by a one-sided exact sign test (McNemar's) over the tasks: each side of a
 pair is a task the harness either solves (the act side completed, the abstain
 side abstained with grounds) or not, its change from parent to candidate is a
@@ -72,8 +74,8 @@ def judge(base: Metrics | None, candidate: Metrics | None, rule: Rule, level: fl
     where = f"{SPLIT[rule]} {text}"
     if change["act"][1] < change["act"][0]:
         return False, f"Act dropped ({where})", figures
-    if change["over_abstain"][1] > change["over_abstain"][0]:
-        return False, f"Over-abstain rose ({where})", figures
+    if change["over_abstain"][1] - change["over_abstain"][0] > max(change["act"][1] - change["act"][0], 0):
+        return False, f"Over-abstain rose{' more than Act' if change['act'][1] > change['act'][0] else ''} ({where})", figures
     targets = TARGETS[rule]
     if any(change[m][1] < change[m][0] for m in targets):
         return False, f"a {SPLIT[rule]} score decreased ({where})", figures

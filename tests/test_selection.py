@@ -49,6 +49,25 @@ def test_the_measured_case_a_harness_that_refuses_everything_is_adopted_by_neith
         assert figures["scores"]["over_abstain"] == ["0/6", "6/6"] and figures["scores"]["abstain_raw"] == ["4/6", "6/6"]
 
 
+def test_over_abstain_may_rise_only_by_less_than_act_rises():
+    # as measured on the local model: Act 2/6 -> 5/6, Pair up, Abstain unchanged, Over-abstain 0/6 -> 1/6
+    base = scores({p: (a, "grounded" if i < 3 else "acted") for i, (p, a) in enumerate(zip(PAIRS, ["done", "done"] + ["failed"] * 4))})
+    better = scores({p: (a, "grounded" if i < 3 else "acted")
+                     for i, (p, a) in enumerate(zip(PAIRS, ["done", "done", "done", "done", "done", "refused"]))})
+    assert [(base.counts[m], better.counts[m]) for m in ("act", "pair", "over_abstain")] == [(2, 5), (2, 3), (0, 1)]
+    ok, reason, _ = judge(base, better, "hera")
+    assert not ok and reason.startswith("the gain did not pass the gate (3 task(s) better")  # past the guard, 3 tasks short
+    grounded_too = scores({p: (a, "grounded" if i < 5 else "acted")
+                           for i, (p, a) in enumerate(zip(PAIRS, ["done", "done", "done", "done", "done", "refused"]))})
+    ok, reason, _ = judge(base, grounded_too, "hera")
+    assert ok, reason
+    # Over-abstain up by as much as Act is still no refusal gain; up by more is
+    refuses_more = scores({p: (a, "grounded" if i < 3 else "acted")
+                           for i, (p, a) in enumerate(zip(PAIRS, ["done", "done", "done", "refused", "refused", "refused"]))})
+    ok, reason, _ = judge(base, refuses_more, "hera")
+    assert not ok and reason.startswith("Over-abstain rose more than Act")
+
+
 def test_refusing_is_no_gain_even_where_the_refusals_look_grounded():
     base = same("done", "acted")
     refusing = same("refused", "grounded")
