@@ -184,9 +184,12 @@ async def harness_optimizer(state: HarnessEvolutionState, runtime: Runtime[Conte
                                                                 ctx.model_timeout_s, groups, taken)
         notes += more_notes
         usage += more_usage
-        if failed and len(briefs) > 1:  # serial: one failure at a time; one whose edit was rejected is skipped
+        if not failed:
+            applied += 1
+            continue
+        problems = problems or failed
+        if len(briefs) > 1:  # serial: one failure at a time; one whose edit was rejected is skipped
             notes.append(f"failure {i} of {len(briefs)} skipped: {'; '.join(failed)}")
-        problems, applied = problems or failed, applied + (not failed)
     return {"candidate": str(staging), "notes": notes, "usage": usage, "index": index,
             "edit_problems": [] if applied else [f"edit: {p}" for p in problems]}
 

@@ -74,8 +74,9 @@ def judge(base: Metrics | None, candidate: Metrics | None, rule: Rule, level: fl
     where = f"{SPLIT[rule]} {text}"
     if change["act"][1] < change["act"][0]:
         return False, f"Act dropped ({where})", figures
-    if change["over_abstain"][1] - change["over_abstain"][0] > max(change["act"][1] - change["act"][0], 0):
-        return False, f"Over-abstain rose{' more than Act' if change['act'][1] > change['act'][0] else ''} ({where})", figures
+    rise = {m: change[m][1] - change[m][0] for m in ("act", "over_abstain")}
+    if rise["over_abstain"] > max(rise["act"], 0):
+        return False, f"Over-abstain rose{' more than Act' if rise['act'] > 0 else ''} ({where})", figures
     targets = TARGETS[rule]
     if any(change[m][1] < change[m][0] for m in targets):
         return False, f"a {SPLIT[rule]} score decreased ({where})", figures

@@ -142,10 +142,9 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str]) -> 
     if addition_problems(addition):
         notes += [f"dropped: {p}" for p in addition_problems(addition)]
         addition = ""
-    components = list(edit.components)
-    left_out = [n for n in current if n not in {c.name for c in components}]
+    components, chosen = list(edit.components), {c.name: c for c in edit.components}
+    left_out = [n for n in current if n not in chosen]
     if len(_changed(edit, current)) > MAX_COMPONENT_CHANGES and left_out:
-        chosen = {c.name: c for c in components}
         components = [chosen.get(n) or ComponentChoice(name=n, params=current[n]) for n in current] + [
             c for c in components if c.name not in current]
         notes.append(f"kept {', '.join(left_out)}: the edit left {'it' if len(left_out) == 1 else 'them'} out, which made more "
