@@ -6,7 +6,9 @@ pair's acceptance rules, mutation, label and certification stay inside this
 process. Every connection gets its own fresh instance of the environment
 (the server's lifespan), so one server per environment hash serves any
 number of episodes, over stdio (one process per episode) or, in process,
-over memory streams.
+over memory streams. `direct_session` gives an episode in this process the
+same tool list and the same results without the protocol (no JSON-RPC
+messages, no streams, no server task): the lean default of evaluation.
 
     python -m envs.mcp_server PAIR --side act|abstain [--catalog DIR]
 """
@@ -57,9 +59,9 @@ class _Connection:
             return self.instance.call(name, arguments)
 
 
-def build_server(env: EnvironmentSpec) -> Server:
-    """A server for one environment; each connection (`Server.run`) gets a fresh instance."""
-    listed = [
+def listed_tools(env: EnvironmentSpec) -> list[types.Tool]:
+    """What `tools/list` answers: the public tools, read-only ones marked."""
+    return [
         types.Tool(
             name=t.name,
             description=t.description,
@@ -68,6 +70,17 @@ def build_server(env: EnvironmentSpec) -> Server:
         )
         for t in tool_infos(env).values()
     ]
+
+
+async def _call(conn: _Connection, name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
+    """What `tools/call` answers: the observation's text, an error flagged as one."""
+    obs = await asyncio.to_thread(conn.call, name, arguments or {})
+    return types.CallToolResult(content=[types.TextContent(type="text", text=obs.text)], isError=not obs.ok)
+
+
+def build_server(env: EnvironmentSpec) -> Server:
+    """A server for one environment; each connection (`Server.run`) gets a fresh instance."""
+    listed = listed_tools(env)
 
     @asynccontextmanager
     async def connection_state(_: Server) -> AsyncIterator[_Connection]:
@@ -83,9 +96,7 @@ def build_server(env: EnvironmentSpec) -> Server:
 
     @server.call_tool(validate_input=False)
     async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        conn: _Connection = server.request_context.lifespan_context
-        obs = await asyncio.to_thread(conn.call, name, arguments or {})
-        return types.CallToolResult(content=[types.TextContent(type="text", text=obs.text)], isError=not obs.ok)
+        return await _call(server.request_context.lifespan_context, name, arguments)
 
     return server
 
@@ -119,6 +130,39 @@ async def memory_session(env: EnvironmentSpec) -> AsyncIterator[ClientSession]:
                 yield session
         finally:
             tg.cancel_scope.cancel()
+
+
+class DirectSession:
+    """The two requests an episode makes of its MCP session, answered in process by what the server's handlers
+    run (`listed_tools`, `_call`) on a fresh instance of the environment."""
+
+    def __init__(self, env: EnvironmentSpec, instance: EnvInstance):
+        self._listed, self._conn = _listed(env), _Connection(instance)
+
+    async def list_tools(self) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self._listed)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> types.CallToolResult:
+        return await _call(self._conn, name, arguments)
+
+
+_lists: OrderedDict[str, list[types.Tool]] = OrderedDict()
+
+
+def _listed(env: EnvironmentSpec) -> list[types.Tool]:
+    """`listed_tools`, made once per environment hash."""
+    if env.hash not in _lists:
+        _lists[env.hash] = listed_tools(env)
+        if len(_lists) > MAX_SERVERS:
+            _lists.popitem(last=False)
+    return _lists[env.hash]
+
+
+@asynccontextmanager
+async def direct_session(env: EnvironmentSpec) -> AsyncIterator[DirectSession]:
+    """A session on a fresh instance of `env` in this process, without the protocol: what `memory_session` would
+    answer, at the cost of a function call. The instance is not closed here, as the server's is not."""
+    yield DirectSession(env, await asyncio.to_thread(EnvInstance, env))
 
 
 async def serve_stdio(env: EnvironmentSpec) -> None:

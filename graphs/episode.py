@@ -1,7 +1,8 @@
 """The `episode` graph: one harness bundle on one side of one pair.
 
-`setup` lists the tools of the episode's MCP session (a fresh instance of
-the pair's side), loads the bundle and lets its hooks compose the
+`setup` lists the tools of the episode's session (a fresh instance of the
+pair's side: its tools called in process by default, or over MCP, as
+`Context.env_transport` says), loads the bundle and lets its hooks compose the
 instructions; `agent` runs one model turn through
 `prepare_turn` (in the bundle's action mode); `tools` runs the requested
 calls through `before_tool_call`, `present_result` (what the model is shown)
@@ -11,7 +12,7 @@ replace, abstain or revise; `close` closes what a standalone episode opened. Rea
 hook's failure ends the episode as `harness_error` (scored); a tool that
 crashes ends it as `environment_error` (the environment's defect, never
 scored). Every text a hook hands back is capped at `MAX_TEXT` characters.
-The MCP session and the harness object live
+The session and the harness object live
 outside the checkpointed state, in `LIVE`, for the life of the episode;
 `run_episode` opens and always closes the session. Invoked on its own (from
 LangGraph Studio, say) with a request naming a pair, a side and a bundle, the
@@ -40,17 +41,18 @@ from langgraph.types import Command
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import Entry, load_entry, side_env
-from envs.mcp_server import connection, memory_session
+from envs.mcp_server import DirectSession, connection, direct_session, memory_session
 from harness.abi import BaseHarness, EpisodeView, ToolRequest, call_hook
 from harness.bundle import load_bundle
 from harness.remote import HookError, SandboxedHarness
 from state.journal import call_scope, run_thread
 from roles.models import ChatModel, ContextLimitError, InfrastructureError, chat_model
-from state.context import Context, EpisodeRequest
+from state.context import ConfigError, Context, EpisodeRequest
 from state.records import EnvironmentSpec, Observation, ToolInfo, UsageRecord, capped
 
 Termination = Literal["final_answer", "turn_limit", "context_limit", "infrastructure_error", "harness_error", "environment_error"]
 TOOL_CRASH = "internal_error"  # the code `envs.runtime` gives a tool that raised or returned a value that is not JSON
+TRANSPORTS = ("direct", "memory", "stdio")  # how an episode reaches its environment (`environment_session`)
 OWN_SESSION_TTL_S = 4 * 3600  # a standalone episode that never reaches `close` (a crash) has its session closed after this
 
 
@@ -65,7 +67,7 @@ class Live:
 
     instruction: str
     context: str
-    session: ClientSession
+    session: ClientSession | DirectSession
     harness: BaseHarness | None = None
     view: EpisodeView | None = None
     model: ChatModel | None = None
@@ -362,13 +364,16 @@ graph = builder.compile(name="episode")
 
 
 @asynccontextmanager
-async def environment_session(entry: Entry, side: str, catalog: str, transport: str) -> AsyncIterator[ClientSession]:
-    """An MCP client session on a fresh instance of one side of a pair: a
-    server in this process over memory streams, or a server subprocess over stdio."""
-    if transport == "memory":
-        async with memory_session(side_env(entry, side)) as session:
+async def environment_session(entry: Entry, side: str, catalog: str, transport: str) -> AsyncIterator[ClientSession | DirectSession]:
+    """A session on a fresh instance of one side of a pair: its tools called in this process (`direct`), or an
+    MCP client session on a server in this process over memory streams (`memory`) or a server subprocess over
+    stdio (`stdio`)."""
+    if transport in ("direct", "memory"):
+        async with (direct_session if transport == "direct" else memory_session)(side_env(entry, side)) as session:
             yield session
         return
+    if transport not in TRANSPORTS:
+        raise ConfigError(f"env_transport={transport!r} (direct, memory or stdio)")
     conn = connection(entry.pair.id, side, catalog)
     params = StdioServerParameters(command=conn["command"], args=conn["args"], cwd=conn["cwd"])
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
@@ -396,8 +401,8 @@ async def run_episode(request: EpisodeRequest, context: Context, episode_id: str
 
 async def run_task(bundle: str, instruction: str, public: str, env: EnvironmentSpec, context: Context, episode_id: str) -> dict:
     """One episode of `bundle` on a request that is no pair yet (a proposed task on a built environment), with the
-    public context `public`, on a fresh instance of `env` served in this process."""
-    async with memory_session(env) as session:
+    public context `public`, on a fresh instance of `env` in this process."""
+    async with direct_session(env) as session:
         return await _run(EpisodeRequest(pair_id=episode_id, side="act", bundle=bundle), context, episode_id,
                           Live(instruction, public, session))
 

@@ -29,6 +29,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import StateGraph
 
 from graphs import evaluate as evaluate_graph
+from graphs.episode import TRANSPORTS
 from state.metrics import Metrics
 from harness.bundle import load_bundle
 from roles.models import reset_endpoints
@@ -203,6 +204,7 @@ def _check_request(pair_ids: list[str], trials: int, concurrency: int, context: 
     problems += [f"concurrency={concurrency} (at least 1)"] if concurrency < 1 else []
     problems += [f"max_infra_retries={context.max_infra_retries} (at least 0)"] if context.max_infra_retries < 0 else []
     problems += [f"max_turns={context.max_turns} (at least 1, or None)"] if context.max_turns is not None and context.max_turns < 1 else []
+    problems += [f"env_transport={context.env_transport!r} (direct, memory or stdio)"] if context.env_transport not in TRANSPORTS else []
     if problems:
         raise ConfigError("cannot evaluate: " + "; ".join(problems))
 

@@ -187,6 +187,9 @@ def _compiled(source: str, origin: str):
     return compile(source, origin, "exec")
 
 
+_checked: set[tuple[str, str]] = set()  # (origin, source) of the hooks modules whose Harness passed the hook check
+
+
 def _harness_class(source: str, origin: str) -> type[BaseHarness]:
     """The hooks module's Harness class, from a module of its own each time (no state shared between episodes); only
     the compiled code is kept."""
@@ -199,11 +202,13 @@ def _harness_class(source: str, origin: str) -> type[BaseHarness]:
     cls = module.__dict__.get("Harness")
     if not (isinstance(cls, type) and issubclass(cls, BaseHarness)):
         raise SpecError(origin, "Harness", "a class Harness(BaseHarness)")
-    for hook in HOOKS:
-        want = list(inspect.signature(getattr(BaseHarness, hook)).parameters)
-        got = list(inspect.signature(getattr(cls, hook)).parameters)
-        if len(got) != len(want):
-            raise SpecError(origin, f"Harness.{hook}", f"parameters ({', '.join(want)}) (got ({', '.join(got)}))")
+    if (origin, source) not in _checked:  # the same source makes the same class: its hooks are read once
+        for hook in HOOKS:
+            want = list(inspect.signature(getattr(BaseHarness, hook)).parameters)
+            got = list(inspect.signature(getattr(cls, hook)).parameters)
+            if len(got) != len(want):
+                raise SpecError(origin, f"Harness.{hook}", f"parameters ({', '.join(want)}) (got ({', '.join(got)}))")
+        _checked.add((origin, source))
     return cls
 
 

@@ -31,7 +31,7 @@ class Context:
     ledger: str | None = None
     max_infra_retries: int = 2
     model_timeout_s: float = 1800.0  # a hang guard: 8,192 tokens from the local model on two cores take about 20 minutes
-    env_transport: str = "memory"  # or "stdio": one MCP server subprocess per episode
+    env_transport: str = "direct"  # tools called in process; "memory": an MCP session in process; "stdio": an MCP server subprocess per episode
     max_turns: int | None = None  # a budget: caps every episode's turns below its harness's own limit
     engine: str | None = None  # where episodes run: None in this process, "local:N" N worker processes, "tcp://HOST:PORT" a cluster
 

@@ -45,7 +45,16 @@ def test_a_hooks_lookup_passes_ids_it_read_as_text_in_the_types_the_tool_takes()
     assert _typed(tool, {"user_id": "U-75", "other": "1"}) == {"user_id": "U-75", "other": "1"}  # what does not read so stays
 
 
-@pytest.mark.parametrize("transport", ["memory", "stdio"])
+async def test_an_unknown_environment_transport_is_refused_by_name(tmp_path):
+    from graphs.api import evaluate
+    from state.context import ConfigError
+
+    context = Context(agent_model="scripted:agent", catalog=str(FIXTURES), ledger=str(tmp_path / "l.db"), env_transport="pigeon")
+    with pytest.raises(ConfigError, match=r"env_transport='pigeon' \(direct, memory or stdio\)"):
+        await evaluate("H0", ["shop-reserve-drill"], context)
+
+
+@pytest.mark.parametrize("transport", ["direct", "memory", "stdio"])
 async def test_the_episode_graph_runs_on_its_own_given_a_pair_and_a_side_and_closes_what_it_opened(transport, tmp_path):
     """As Studio runs it: no evaluation around it, the graph opens the pair's side itself."""
     from graphs.episode import LIVE, graph

@@ -72,3 +72,24 @@ async def test_in_process_sessions_share_the_server_not_the_state():
         assert await stock(third) == 2
         assert {t.name for t in (await third.list_tools()).tools} == {"list_items", "get_item", "price_history", "reserve", "sneaky_read", "buggy_write"}
     assert shared_server(env) is shared_server(env)
+
+
+@pytest.mark.parametrize("side", ["act", "abstain"])
+async def test_a_direct_session_answers_as_the_mcp_session_does(side):
+    """Evaluation's default transport skips the protocol, not the server's answers: the same tool list and, call
+    for call, the same results (reads, a write and what it changed, bad arguments, a crashing tool, unknown names)."""
+    from envs.mcp_server import direct_session, memory_session, side_environment
+
+    env = side_environment(PAIR, side, FIXTURES)
+    calls = [("get_item", {"sku": "DR-220"}), ("reserve", {"sku": "DR-220", "qty": 2}), ("get_item", {"sku": "DR-220"}),
+             ("reserve", {"sku": "DR-220", "qty": "many"}), ("get_item", {}), ("get_item", None), ("buggy_write", {}),
+             ("sneaky_read", {}), ("list_items", {}), ("price_history", {"sku": "DR-220"}), ("certify", {}), ("__hera_tool__", {"x": 1})]
+
+    async def answers(session):
+        listed = (await session.list_tools()).model_dump()
+        return listed, [(await session.call_tool(name, args)).model_dump() for name, args in calls]
+
+    async with memory_session(env) as mcp, direct_session(env) as direct:
+        over_mcp, in_process = await answers(mcp), await answers(direct)
+    assert in_process == over_mcp
+    assert [r["isError"] for r in over_mcp[1]].count(True) >= 4  # the errors were compared, not only successes
