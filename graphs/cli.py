@@ -944,7 +944,8 @@ NEXT_SUBSTAGE = {"environment_designer": "environment evolution: proposing", "ba
                  "failure_analyst": "harness evolution: reviewing the failures", "fdcr": "harness evolution: editing",
                  "harness_optimizer": "harness evolution: checking the candidate",
                  "bundle_checks": "harness evolution: scoring the candidate",
-                 "candidate_evaluation": "harness evolution: diagnosing or selecting", "selector": "harness evolution: selected"}
+                 "candidate_evaluation": "harness evolution: diagnosing or selecting", "selector": "harness evolution: selected",
+                 "bench": "scoring the final harness on the bench"}  # said by `final` as it starts
 
 
 def method_progress(bars: Progress | Lines) -> Callable[[str, str, dict], None]:

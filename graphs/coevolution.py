@@ -263,6 +263,7 @@ async def final(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
     """Scores the final harness on the reserved bench pairs (from the user's catalog); writes `results`."""
     if not state["bench"] or not state.get("results"):
         return {}
+    get_stream_writer()({"stage": "bench"})
     ctx = runtime.context
     run = await runner.evaluate(state["harness"], state["bench"], ctx, run_id=f"{state['run_id']}-bench", on_episode=_progress)
     await asyncio.to_thread(lambda: Ledger(ctx.ledger).record_round(state["run_id"], state["rounds"], bench_run=run.run_id))

@@ -244,7 +244,10 @@ def test_compare_runs_each_method_on_the_same_protocol_and_coevolve_writes_a_rep
                 "--proposers", "1", "--batch-size", "1", "--budget", "1", "--candidates", "1", "--json"]
     base = ["--catalog", context.catalog, "--ledger", context.ledger]
     assert main([*base, "compare", "h0", "aggregated", *protocol]) == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    stages = [line.split("] ", 1)[1] for line in captured.err.splitlines() if line.startswith("[")]
+    assert stages[-5:-2] == ["aggregated: next round", "aggregated: scoring the final harness on the bench", "aggregated: done"], stages
     results = {r["method"]: r for r in out["methods"]}
     assert list(results) == ["h0", "aggregated"]
     for name, r in results.items():
