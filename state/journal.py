@@ -8,7 +8,10 @@ and checkpoint namespace; all stable across a resume), its request, and
 how many identical requests its scope made before it. A resumed run asks the same questions in the same
 order, so it finds the same names; a fresh run never finds one, and calls
 outside a checkpointed run are not journaled at all. Failed calls are not
-kept. The journal lives in `runs/calls.db`, or in the PostgreSQL store (`state.store`).
+kept. A scope's first call asks whether the journal holds any call of that
+scope (`scopes`, written before its calls); when it holds none, as in every
+fresh run, the scope's calls are not looked up one by one. The journal lives
+in `runs/calls.db`, or in the PostgreSQL store (`state.store`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
@@ -30,8 +34,19 @@ from state.store import SqliteTables, Tables, postgres_tables, store_url
 
 T = TypeVar("T")
 _scope: ContextVar[str | None] = ContextVar("hera_call_scope", default=None)
-_counts: ContextVar[dict[str, int] | None] = ContextVar("hera_call_counts", default=None)
+
+
+@dataclass
+class _Seen:
+    """What a context knows of its calls: how many times each request was made, and which scopes the journal holds."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    kept: dict[str, bool] = field(default_factory=dict)
+
+
+_seen: ContextVar[_Seen | None] = ContextVar("hera_calls_seen", default=None)
 _connections: dict[Path, SqliteTables] = {}
+_legacy: dict[int, bool] = {}  # per journal table object: it holds calls from before `scopes` (each is looked up)
 _lock = threading.Lock()
 
 
@@ -79,6 +94,7 @@ def _db() -> tuple[Tables, threading.Lock]:
             conn.execute("pragma journal_mode=wal")
             conn.execute("pragma synchronous=normal")  # survives a killed process, which is what resuming is for
             conn.execute("create table if not exists calls (id text primary key, reply text not null)")
+            conn.execute("create table if not exists scopes (id text primary key)")
             _connections[path] = SqliteTables(conn, str(path))
         return _connections[path], _lock
 
@@ -89,20 +105,32 @@ async def journaled(request: dict[str, Any], call: Callable[[], Awaitable[T]], d
     scope = current_scope()
     if scope is None:
         return await call()
-    counts = _counts.get()
-    if counts is None:
-        counts = {}
-        _counts.set(counts)
+    seen = _seen.get()
+    if seen is None:
+        seen = _Seen()
+        _seen.set(seen)
     digest = hashlib.sha256(json.dumps([scope, request], sort_keys=True, default=str).encode()).hexdigest()
-    n = counts.get(digest, 0)
-    counts[digest] = n + 1
+    n = seen.counts.get(digest, 0)
+    seen.counts[digest] = n + 1
     key = f"{digest}:{n}"
-    kept = await asyncio.to_thread(_read, key)
-    if kept is not None:
-        return load(kept)
+    if scope not in seen.kept:
+        seen.kept[scope] = await asyncio.to_thread(_holds, scope)
+    if seen.kept[scope]:
+        kept = await asyncio.to_thread(_read, key)
+        if kept is not None:
+            return load(kept)
     result = await call()
-    await asyncio.to_thread(_write, key, dump(result))
+    await asyncio.to_thread(_write, scope, key, dump(result))
     return result
+
+
+def _holds(scope: str) -> bool:
+    """Whether the journal may hold calls of `scope`."""
+    db, lock = _db()
+    with lock:
+        if id(db) not in _legacy:
+            _legacy[id(db)] = bool(db.select("calls", limit=1)) and not db.select("scopes", limit=1)
+        return _legacy[id(db)] or bool(db.select("scopes", "id = ?", [scope], select="id"))
 
 
 def _read(key: str) -> str | None:
@@ -112,7 +140,8 @@ def _read(key: str) -> str | None:
     return rows[0]["reply"] if rows else None
 
 
-def _write(key: str, reply: str) -> None:
+def _write(scope: str, key: str, reply: str) -> None:
     db, lock = _db()
-    with lock:
+    with lock:  # the scope first: a call kept is never missed, a scope kept without its call only costs a look
+        db.insert("scopes", {"id": scope}, ignore=True, pk="id")
         db.upsert("calls", {"id": key, "reply": reply}, pk="id")

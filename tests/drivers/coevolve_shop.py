@@ -21,8 +21,8 @@ def main(catalog: str, ledger: str, log_path: str, run_id: str) -> None:
     register_models(lambda name, step: logged(name, step, log_path))
     keep = journal._write
 
-    def write(key: str, reply: str) -> None:
-        keep(key, reply)
+    def write(scope: str, key: str, reply: str) -> None:
+        keep(scope, key, reply)
         with open(log_path, "a") as f:
             f.write(f"done {json.loads(reply)['usage']['role']}\n")
 
