@@ -30,7 +30,7 @@ from langgraph.types import Send
 from mcp.shared.exceptions import McpError
 from typing_extensions import NotRequired, TypedDict
 
-from envs.catalog import Entry, load_entry, side_env
+from envs.catalog import load_entry, side_env
 from envs.grading import ReplayMismatch, deterministic_grade, grade
 from envs.spec import SpecError
 from envs.untrusted import EnvironmentFault
@@ -128,17 +128,16 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
     agent's or the judge's endpoint is down; writes `results`, the record the ledger holds. An environment fault
     is not re-run: the same tool fails the same way."""
     ctx, request, run_id = runtime.context, task["request"], task["run_id"]
-    ledger = await asyncio.to_thread(Ledger, ctx.ledger)
-    entry, key = await asyncio.to_thread(_lookup, request, ctx)
     owner = uuid.uuid4().hex
+    ledger, entry, key, (cached, holder) = await asyncio.to_thread(_start, request, ctx, run_id, owner)
     while True:
-        cached, holder = await asyncio.to_thread(ledger.claim_episode, key.id, run_id, owner)
         if cached is not None:
             await asyncio.to_thread(ledger.record_episode, run_id, cached, True)
             return {"results": {key.id: cached}}
         if holder is None:
             break
         await asyncio.sleep(POLL_S)
+        cached, holder = await asyncio.to_thread(ledger.claim_episode, key.id, run_id, owner)
     record = None
     async with held(ledger, f"episode:{key.id}", owner):
         for attempt in range(ctx.max_infra_retries + 1):
@@ -151,13 +150,14 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
     return {"results": {key.id: record}} if record is not None else {}
 
 
-def _lookup(request: EpisodeRequest, ctx: Context) -> tuple[Entry, EpisodeKey]:
-    """The pair and the rollout-cache key, in one trip off the event loop."""
-    entry = load_entry(request.pair_id, ctx.catalog)
+def _start(request: EpisodeRequest, ctx: Context, run_id: str, owner: str):
+    """In one trip off the event loop: the ledger, the pair, the rollout-cache key, and the episode's cached record or
+    the holder of its claim (`Ledger.claim_episode`)."""
+    ledger, entry = Ledger(ctx.ledger), load_entry(request.pair_id, ctx.catalog)
     key = EpisodeKey(harness_hash=load_bundle(request.bundle).hash, env_hash=side_env(entry, request.side).hash,
                      task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial,
                      max_turns=ctx.max_turns)
-    return entry, key
+    return ledger, entry, key, ledger.claim_episode(key.id, run_id, owner)
 
 
 async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger, episode_id: str,
