@@ -14,12 +14,14 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Protocol
 
 import sqlite_utils
 
 URL = re.compile(r"^postgres(?:ql)?://")
+DDL_TRIES = 600  # a table or column made in SQLite while other processes make theirs: tried 50 ms apart, 30 s
 
 
 class StoreError(RuntimeError):
@@ -92,10 +94,19 @@ class SqliteTables:
         except sqlite3.OperationalError as exc:
             if not (str(exc).startswith("no such table") or "has no column named" in str(exc)):
                 raise
-        if table in self.db.table_names():
-            self.db[table].add_missing_columns([row])
-        else:
-            self.db[table].create({k: _sqlite_type(v) for k, v in row.items()}, pk=(pk[0] if len(pk) == 1 else pk) or None)
+        for tries_left in reversed(range(DDL_TRIES)):
+            try:
+                if table in self.db.table_names():
+                    self.db[table].add_missing_columns([row])
+                else:
+                    self.db[table].create({k: _sqlite_type(v) for k, v in row.items()}, pk=(pk[0] if len(pk) == 1 else pk) or None)
+                break
+            except sqlite3.OperationalError as exc:
+                # another process changing the schema at once: "database is locked" at once, busy timeout or not, or
+                # it made the table or column first; read the schema again
+                if not tries_left or not any(s in str(exc) for s in ("locked", "already exists", "duplicate column")):
+                    raise
+                time.sleep(0.05)
         return self.conn.execute(sql, list(row.values()))
 
     def insert(self, table: str, row: dict, ignore: bool = False, pk: str | None = None) -> bool:

@@ -1,5 +1,6 @@
 """The ledger's claims (one writer per episode and per run) and a damaged ledger file, in SQLite and in PostgreSQL."""
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -89,3 +90,31 @@ def test_a_file_that_is_not_a_ledger_is_named(tmp_path):
     assert str(caught.value) == (f"{path}: not a readable ledger (file is not a database); move it aside to start a new one "
                                  "(every recorded run and episode is then forgotten) or restore it from a backup")
 
+
+
+def _make_tables_at_once(path: str, barrier, results) -> None:
+    try:
+        ledger = Ledger(path)
+        barrier.wait()
+        for i in range(4):  # new tables, and a column of its own in each: schema changes racing the other processes'
+            ledger.db.upsert(f"t{i}", {"id": str(os.getpid()), f"c{os.getpid() % 3}": 1}, pk="id")
+        results.put("ok")
+    except Exception as exc:
+        results.put(repr(exc))
+
+
+def test_processes_making_the_same_tables_and_columns_at_once_all_write(tmp_path):
+    """As episodes on an engine's workers do on a fresh ledger (seen failing with "database is locked" and
+    "duplicate column name" before): every write lands."""
+    context = multiprocessing.get_context("fork")
+    outcomes = []
+    for n in range(8):
+        barrier, results = context.Barrier(4), context.Queue()
+        workers = [context.Process(target=_make_tables_at_once, args=(str(tmp_path / f"l{n}.db"), barrier, results)) for _ in range(4)]
+        for w in workers:
+            w.start()
+        outcomes += [results.get(timeout=60) for _ in workers]
+        for w in workers:
+            w.join()
+        assert len(Ledger(tmp_path / f"l{n}.db").db.select("t3")) == 4
+    assert outcomes == ["ok"] * 32
