@@ -10,7 +10,8 @@ a cluster started here; a task Dask gives up on, or loses with the scheduler, co
 error, which the caller re-runs and never scores. `local:N` starts a `LocalCluster` of N single-threaded worker
 processes on first use (closed at exit); `tcp://HOST:PORT` joins a running scheduler. One client per address
 and process, on Dask's own event-loop thread: a result is awaited through a done-callback, so the caller's
-loop (every `asyncio.run` has its own) is never blocked.
+loop (every `asyncio.run` has its own) is never blocked. A worker runs its episodes on one event loop of its
+own, kept for the life of the process.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ _clients: dict[str, Client] = {}
 _lock = threading.Lock()
 _frozen = False
 _last_run: str | None = None  # in a worker: the run whose episode it ran last
+_loop: asyncio.AbstractEventLoop | None = None  # in a worker: where its episodes run (`_worker_loop`)
 
 
 def parse_engine(engine: str) -> int | str:
@@ -165,7 +167,18 @@ def attempt(run: Attempt, request: EpisodeRequest, key: EpisodeKey, ctx: Context
     if thread != _last_run:  # a new run tries again the endpoints an earlier one found down, as it does in process
         reset_endpoints()
         _last_run = thread
-    return asyncio.run(_attempt_here(run, request, key, ctx, episode_id, thread, scope))
+    return asyncio.run_coroutine_threadsafe(_attempt_here(run, request, key, ctx, episode_id, thread, scope), _worker_loop()).result()
+
+
+def _worker_loop() -> asyncio.AbstractEventLoop:
+    """The worker's event loop, running in a thread of its own for the life of the process: its episodes share it
+    and its thread pool, as one process's do, instead of making and closing a loop (and its threads) each."""
+    global _loop
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="hera-episodes", daemon=True).start()
+        return _loop
 
 
 async def _attempt_here(run: Attempt, request: EpisodeRequest, key: EpisodeKey, ctx: Context, episode_id: str, thread: str | None,
