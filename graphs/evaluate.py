@@ -132,6 +132,7 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
     ledger, entry, key, (cached, holder) = await asyncio.to_thread(_start, request, ctx, run_id, owner)
     while True:
         if cached is not None:
+            cached = _as_asked(cached, request)
             await asyncio.to_thread(ledger.record_episode, run_id, cached, True)
             return {"results": {key.id: cached}}
         if holder is None:
@@ -144,10 +145,19 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
             if endpoint_down(ctx.agent_model, ctx.judge_model):
                 break
             record = await engine.run_attempt(_attempt, entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
-            record = await asyncio.to_thread(ledger.record_episode, run_id, record)
+            record = _as_asked(await asyncio.to_thread(ledger.record_episode, run_id, record), request)
             if record.status == "done" or record.termination == "environment_error":
                 break
     return {"results": {key.id: record}} if record is not None else {}
+
+
+def _as_asked(record: EpisodeRecord, request: EpisodeRequest) -> EpisodeRecord:
+    """A record from the rollout cache under the names this run gave it: the key is the episode's content (harness
+    and environment hashes, task, side, model, seed, trial, turn cap), which another pair or bundle of the same
+    content shares, as a twin environment evolution proposes again in a later run does."""
+    if (record.pair_id, record.bundle) == (request.pair_id, request.bundle):
+        return record
+    return record.model_copy(update={"pair_id": request.pair_id, "bundle": request.bundle})
 
 
 def _start(request: EpisodeRequest, ctx: Context, run_id: str, owner: str):

@@ -133,10 +133,16 @@ class Ledger:
         return EpisodeRecord.model_validate_json(row["record"]) if row else None
 
     def episodes(self, run_id: str | None = None) -> list[EpisodeRecord]:
-        """Finished episodes, or those a run finished or reused (not one it only failed and another run finished)."""
-        where, args = (("id in (select episode_id from attempts where run_id = ? and status in ('done', 'reused'))", [run_id])
-                       if run_id else (None, None))
-        return [EpisodeRecord.model_validate_json(r["record"]) for r in self._rows("episodes", where, args, order_by="rowid")]
+        """Finished episodes, or those a run finished or reused (not one it only failed and another run finished),
+        under the pair id the run gave each (a reused episode may have been stored under another pair's)."""
+        if not run_id:
+            return [EpisodeRecord.model_validate_json(r["record"]) for r in self._rows("episodes", order_by="rowid")]
+        asked = {a["episode_id"]: a["pair_id"] for a in self._rows("attempts", "run_id = ? and status in ('done', 'reused')", [run_id],
+                                                                     select="episode_id, pair_id")}
+        rows = self._rows("episodes", "id in (select episode_id from attempts where run_id = ? and status in ('done', 'reused'))",
+                          [run_id], order_by="rowid")
+        records = [EpisodeRecord.model_validate_json(r["record"]) for r in rows]
+        return [r if asked.get(r.key.id, r.pair_id) == r.pair_id else r.model_copy(update={"pair_id": asked[r.key.id]}) for r in records]
 
     def attempts(self, run_id: str) -> list[dict]:
         return self._rows("attempts", "run_id = ?", [run_id], select="episode_id, pair_id, side, status, error, created_at")

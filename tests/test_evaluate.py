@@ -62,6 +62,26 @@ def test_rerun_reuses_finished_episodes(context):
     assert sorted(a["status"] for a in attempts) == ["reused", "reused"]
 
 
+def test_an_episode_reused_for_another_pair_of_the_same_content_carries_that_pairs_id(context, tmp_path):
+    """As a twin proposed again in a later run: another id, the same environments and task, so the same cache key."""
+    catalog = tmp_path / "catalog"
+    shutil.copytree(FIXTURES, catalog)
+    source = next(catalog.rglob(f"pairs/{PAIR}.yaml"))
+    again = source.read_text().replace(f"id: {PAIR}\n", "id: shop-reserve-drill-again\n", 1).replace("task:\n", f"task:\n  id: {PAIR}\n", 1)
+    source.with_name("shop-reserve-drill-again.yaml").write_text(again)  # a twin of the same task, as evolved pairs are
+    context = Context(**{**context.__dict__, "catalog": str(catalog)})
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    asyncio.run(api.evaluate("H0", [PAIR], context))
+    scripted.register("agent", [])  # any model call now fails the test
+    scripted.register("judge", [])
+    run = asyncio.run(api.evaluate("H0", ["shop-reserve-drill-again"], context))
+    assert run.metrics.complete and run.metrics.counts["pair"] == 1
+    assert [(e.pair_id, e.key.side) for e in run.episodes] == [("shop-reserve-drill-again", "act"), ("shop-reserve-drill-again", "abstain")]
+    assert {e.pair_id for e in Ledger(context.ledger).episodes(run.run_id)} == {"shop-reserve-drill-again"}
+    assert sorted(a["status"] for a in Ledger(context.ledger).attempts(run.run_id)) == ["reused", "reused"]
+
+
 def test_a_run_on_another_ledger_makes_its_own_model_calls(context, tmp_path):
     for ledger in ("ledger.db", "other.db"):  # the same episodes, the same runs directory and call journal
         scripted.register("agent", [shop_agent] * 5)
