@@ -205,7 +205,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32, 64])
     parser.add_argument("--engine-workers", type=int, nargs="*", default=[1, 2, 4], help="worker processes of each engine run")
     parser.add_argument("--engine-latency-ms", type=float, default=0, help="the scripted model's latency on the engine")
-    parser.add_argument("--engine-episodes", type=int, default=128)
+    parser.add_argument("--engine-episodes", type=int, default=512, help="episodes of each engine run (a run of a few seconds: shorter ones are mostly start-up noise)")
     parser.add_argument("--engine-concurrency", type=int, default=8)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
