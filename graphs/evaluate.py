@@ -134,7 +134,7 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
         if cached is not None:
             cached = _as_asked(cached, request)
             await asyncio.to_thread(ledger.record_episode, run_id, cached, True)
-            return {"results": {key.id: cached}}
+            return {"results": {_slot(request): cached}}
         if holder is None:
             break
         await asyncio.sleep(POLL_S)
@@ -148,7 +148,13 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
             record = _as_asked(await asyncio.to_thread(ledger.record_episode, run_id, record), request)
             if record.status == "done" or record.termination == "environment_error":
                 break
-    return {"results": {key.id: record}} if record is not None else {}
+    return {"results": {_slot(request): record}} if record is not None else {}
+
+
+def _slot(request: EpisodeRequest) -> str:
+    """Where a run keeps an episode's record: one per pair, side and trial, as two pairs of one run may share an
+    episode (a twin made from a pair's feasible side has that pair's act episode)."""
+    return f"{request.pair_id}/{request.side}/{request.trial}"
 
 
 def _as_asked(record: EpisodeRecord, request: EpisodeRequest) -> EpisodeRecord:

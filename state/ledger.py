@@ -134,15 +134,18 @@ class Ledger:
 
     def episodes(self, run_id: str | None = None) -> list[EpisodeRecord]:
         """Finished episodes, or those a run finished or reused (not one it only failed and another run finished),
-        under the pair id the run gave each (a reused episode may have been stored under another pair's)."""
+        once under each pair id the run gave it (a reused episode may be stored under another pair's; two pairs of
+        one run may share one)."""
         if not run_id:
             return [EpisodeRecord.model_validate_json(r["record"]) for r in self._rows("episodes", order_by="rowid")]
-        asked = {a["episode_id"]: a["pair_id"] for a in self._rows("attempts", "run_id = ? and status in ('done', 'reused')", [run_id],
-                                                                     select="episode_id, pair_id")}
+        asked: dict[str, list[str]] = {}
+        for a in self._rows("attempts", "run_id = ? and status in ('done', 'reused')", [run_id], select="episode_id, pair_id", order_by="rowid"):
+            if a["pair_id"] not in asked.setdefault(a["episode_id"], []):
+                asked[a["episode_id"]].append(a["pair_id"])
         rows = self._rows("episodes", "id in (select episode_id from attempts where run_id = ? and status in ('done', 'reused'))",
                           [run_id], order_by="rowid")
         records = [EpisodeRecord.model_validate_json(r["record"]) for r in rows]
-        return [r if asked.get(r.key.id, r.pair_id) == r.pair_id else r.model_copy(update={"pair_id": asked[r.key.id]}) for r in records]
+        return [r if p == r.pair_id else r.model_copy(update={"pair_id": p}) for r in records for p in asked.get(r.key.id) or [r.pair_id]]
 
     def attempts(self, run_id: str) -> list[dict]:
         return self._rows("attempts", "run_id = ?", [run_id], select="episode_id, pair_id, side, status, error, created_at")

@@ -82,6 +82,24 @@ def test_an_episode_reused_for_another_pair_of_the_same_content_carries_that_pai
     assert sorted(a["status"] for a in Ledger(context.ledger).attempts(run.run_id)) == ["reused", "reused"]
 
 
+def test_two_pairs_of_one_run_sharing_their_episodes_are_both_scored(context, tmp_path):
+    """As a twin made from a pair's feasible side shares that pair's act episode: each pair keeps its own record."""
+    catalog = tmp_path / "catalog"
+    shutil.copytree(FIXTURES, catalog)
+    source = next(catalog.rglob(f"pairs/{PAIR}.yaml"))
+    again = source.read_text().replace(f"id: {PAIR}\n", "id: shop-reserve-drill-again\n", 1).replace("task:\n", f"task:\n  id: {PAIR}\n", 1)
+    source.with_name("shop-reserve-drill-again.yaml").write_text(again)
+    context = Context(**{**context.__dict__, "catalog": str(catalog)})
+    scripted.register("agent", [shop_agent] * 5)  # one pair's two episodes: the other pair's are the same ones
+    scripted.register("judge", [shop_judge] * 2)
+    run = asyncio.run(api.evaluate("H0", [PAIR, "shop-reserve-drill-again"], context, concurrency=4))
+    assert run.metrics.complete and run.metrics.totals["pair"] == 2 and run.metrics.counts["pair"] == 2
+    asked = [(PAIR, "act"), (PAIR, "abstain"), ("shop-reserve-drill-again", "act"), ("shop-reserve-drill-again", "abstain")]
+    assert [(e.pair_id, e.key.side) for e in run.episodes] == asked
+    assert sorted((e.pair_id, e.key.side) for e in Ledger(context.ledger).episodes(run.run_id)) == sorted(asked)
+    assert sorted(a["status"] for a in Ledger(context.ledger).attempts(run.run_id)) == ["done", "done", "reused", "reused"]
+
+
 def test_a_run_on_another_ledger_makes_its_own_model_calls(context, tmp_path):
     for ledger in ("ledger.db", "other.db"):  # the same episodes, the same runs directory and call journal
         scripted.register("agent", [shop_agent] * 5)
