@@ -143,7 +143,7 @@ class WallClock:
     def tick(self, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - self.written >= self.every_s:
-            self.ledger.record_run(self.run_id, wall_s=round(self.before + now - self.start, 1))
+            self.ledger.record_run(self.run_id, wall_s=round(self.before + now - self.start, 3))  # a scripted run takes milliseconds
             self.written = now
 
 
