@@ -138,10 +138,9 @@ class Ledger:
         one run may share one)."""
         if not run_id:
             return [EpisodeRecord.model_validate_json(r["record"]) for r in self._rows("episodes", order_by="rowid")]
-        asked: dict[str, list[str]] = {}
+        asked: dict[str, dict[str, None]] = {}  # episode id -> the pair ids it was asked under, in order
         for a in self._rows("attempts", "run_id = ? and status in ('done', 'reused')", [run_id], select="episode_id, pair_id", order_by="rowid"):
-            if a["pair_id"] not in asked.setdefault(a["episode_id"], []):
-                asked[a["episode_id"]].append(a["pair_id"])
+            asked.setdefault(a["episode_id"], {})[a["pair_id"]] = None
         rows = self._rows("episodes", "id in (select episode_id from attempts where run_id = ? and status in ('done', 'reused'))",
                           [run_id], order_by="rowid")
         records = [EpisodeRecord.model_validate_json(r["record"]) for r in rows]

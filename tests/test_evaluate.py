@@ -62,14 +62,20 @@ def test_rerun_reuses_finished_episodes(context):
     assert sorted(a["status"] for a in attempts) == ["reused", "reused"]
 
 
-def test_an_episode_reused_for_another_pair_of_the_same_content_carries_that_pairs_id(context, tmp_path):
-    """As a twin proposed again in a later run: another id, the same environments and task, so the same cache key."""
+def _with_copy(context: Context, tmp_path) -> Context:
+    """`context` on a copy of the fixtures holding `shop-reserve-drill-again`: another id, the same environments and
+    task as the drill pair (a twin of the same task, as evolved pairs are), so the same cache keys."""
     catalog = tmp_path / "catalog"
     shutil.copytree(FIXTURES, catalog)
     source = next(catalog.rglob(f"pairs/{PAIR}.yaml"))
     again = source.read_text().replace(f"id: {PAIR}\n", "id: shop-reserve-drill-again\n", 1).replace("task:\n", f"task:\n  id: {PAIR}\n", 1)
-    source.with_name("shop-reserve-drill-again.yaml").write_text(again)  # a twin of the same task, as evolved pairs are
-    context = Context(**{**context.__dict__, "catalog": str(catalog)})
+    source.with_name("shop-reserve-drill-again.yaml").write_text(again)
+    return Context(**{**context.__dict__, "catalog": str(catalog)})
+
+
+def test_an_episode_reused_for_another_pair_of_the_same_content_carries_that_pairs_id(context, tmp_path):
+    """As a twin proposed again in a later run: another id, the same environments and task, so the same cache key."""
+    context = _with_copy(context, tmp_path)
     scripted.register("agent", [shop_agent] * 5)
     scripted.register("judge", [shop_judge] * 2)
     asyncio.run(api.evaluate("H0", [PAIR], context))
@@ -84,12 +90,7 @@ def test_an_episode_reused_for_another_pair_of_the_same_content_carries_that_pai
 
 def test_two_pairs_of_one_run_sharing_their_episodes_are_both_scored(context, tmp_path):
     """As a twin made from a pair's feasible side shares that pair's act episode: each pair keeps its own record."""
-    catalog = tmp_path / "catalog"
-    shutil.copytree(FIXTURES, catalog)
-    source = next(catalog.rglob(f"pairs/{PAIR}.yaml"))
-    again = source.read_text().replace(f"id: {PAIR}\n", "id: shop-reserve-drill-again\n", 1).replace("task:\n", f"task:\n  id: {PAIR}\n", 1)
-    source.with_name("shop-reserve-drill-again.yaml").write_text(again)
-    context = Context(**{**context.__dict__, "catalog": str(catalog)})
+    context = _with_copy(context, tmp_path)
     scripted.register("agent", [shop_agent] * 5)  # one pair's two episodes: the other pair's are the same ones
     scripted.register("judge", [shop_judge] * 2)
     run = asyncio.run(api.evaluate("H0", [PAIR, "shop-reserve-drill-again"], context, concurrency=4))
