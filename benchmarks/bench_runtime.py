@@ -8,11 +8,13 @@
    time at zero overhead). Goal: at least 90% of ideal at 64. Each level runs
    twice, with Python's default garbage collector settings and with the
    tuning `hera eval` applies (`graphs.api.tune_gc`).
-3. Against bare LangGraph: the same episodes (same scripted latency and
-   turns, the same tool code on a fresh SQLite state per episode) through a
-   two-node LangGraph agent (a model node and the prebuilt `ToolNode`) with
-   the tool in process, at each concurrency: CPU per episode and share of
-   ideal, ours (the evaluate graph: ledger, grading, judge) beside it.
+3. Against bare LangGraph: the same episodes (the same scripted model object,
+   `roles.models.scripted`, with the same latency, turns and tool
+   descriptions; the same tool code on a fresh SQLite state per episode)
+   through a two-node LangGraph agent (a model node and the prebuilt
+   `ToolNode`) with the tool in process, at each concurrency: CPU per episode
+   and share of ideal, ours (the evaluate graph: call journal, ledger,
+   grading, judge) beside it.
    Goal: our CPU per episode at most 2× bare LangGraph's.
 4. On the engine (`--engine local:N`): episodes/s with 1, 2 and 4 worker
    processes against the same evaluation in one process, with a scripted
@@ -38,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
@@ -48,6 +50,7 @@ from rich.table import Table
 
 from envs.catalog import load_entry, side_env
 from envs.runtime import EnvInstance
+from envs.spec import tool_infos
 from graphs import api, engine
 from graphs.episode import run_episode
 from roles.models import scripted
@@ -119,16 +122,13 @@ def get_item(sku: str, config: RunnableConfig) -> dict:
     return config["configurable"]["env"].call("get_item", {"sku": sku}).output
 
 
-def bare_agent(latency_s: float, turns: int):
-    """A bare LangGraph tool-calling agent: a model node (the same scripted latency and turns as `slow_agent`) and
-    the prebuilt ToolNode, the tool in process."""
+def bare_agent(tools: list):
+    """A bare LangGraph tool-calling agent: a model node (the same scripted model as ours, `scripted:bare`, given the same
+    tool descriptions) and the prebuilt ToolNode, the tool in process."""
+    llm = chat_model("scripted:bare", role="agent").model  # the scripted model itself, without our call journal
 
     async def model(state: MessagesState) -> dict:
-        await asyncio.sleep(latency_s)
-        done = sum(isinstance(m, ToolMessage) for m in state["messages"])
-        if done < turns - 1:
-            return {"messages": [AIMessage("", tool_calls=[{"name": "get_item", "args": {"sku": "DR-220"}, "id": f"call-{done}"}])]}
-        return {"messages": [AIMessage("The drill costs $89.00.")]}
+        return {"messages": [(await llm.complete(state["messages"], tools)).message]}
 
     builder = StateGraph(MessagesState)
     builder.add_node("model", model)
@@ -140,9 +140,10 @@ def bare_agent(latency_s: float, turns: int):
 
 
 async def bare(concurrency: int, latency_s: float, turns: int, waves: int) -> dict:
-    episodes, graph = concurrency * waves, bare_agent(latency_s, turns)
+    episodes = concurrency * waves
     spec = side_env(load_entry(PAIR, str(FIXTURES)), "act")
-    gate = asyncio.Semaphore(concurrency)
+    scripted.register("bare", [slow_agent(latency_s, turns)] * (episodes * turns))
+    graph, gate = bare_agent(list(tool_infos(spec).values())), asyncio.Semaphore(concurrency)
 
     async def episode() -> None:
         async with gate:

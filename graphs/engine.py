@@ -23,6 +23,8 @@ import os
 import re
 import threading
 import uuid
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -46,12 +48,15 @@ CONNECT_S = 30  # how long joining a scheduler may take
 LOCAL = re.compile(r"local:(\d+)")
 REMOTE = re.compile(r"tcp://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):(\d{1,5})")
 
+THREADS = 4  # an event loop's pool for blocking work (`bound_pool`)
+
 _clusters: dict[int, LocalCluster] = {}
 _clients: dict[str, Client] = {}
 _lock = threading.Lock()
 _frozen = False
 _last_run: str | None = None  # in a worker: the run whose episode it ran last
 _loop: asyncio.AbstractEventLoop | None = None  # in a worker: where its episodes run (`_worker_loop`)
+_bounded: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
 
 def parse_engine(engine: str) -> int | str:
@@ -170,6 +175,15 @@ def attempt(run: Attempt, request: EpisodeRequest, key: EpisodeKey, ctx: Context
     return asyncio.run_coroutine_threadsafe(_attempt_here(run, request, key, ctx, episode_id, thread, scope), _worker_loop()).result()
 
 
+def bound_pool(loop: asyncio.AbstractEventLoop) -> None:
+    """Gives `loop` a pool of `THREADS` threads for the blocking work of its episodes (ledger, journal, grading, tool
+    code): short work, and under the GIL every thread more only adds hand-offs. A pool of concurrency + 4 threads
+    spent 40% more CPU per episode at concurrency 32 (benchmarks/bench_runtime.py), most of it waiting for the GIL."""
+    if loop not in _bounded:
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="hera"))
+        _bounded.add(loop)
+
+
 def _worker_loop() -> asyncio.AbstractEventLoop:
     """The worker's event loop, running in a thread of its own for the life of the process: its episodes share it
     and its thread pool, as one process's do, instead of making and closing a loop (and its threads) each."""
@@ -177,6 +191,7 @@ def _worker_loop() -> asyncio.AbstractEventLoop:
     with _lock:
         if _loop is None or _loop.is_closed():
             _loop = asyncio.new_event_loop()
+            bound_pool(_loop)
             threading.Thread(target=_loop.run_forever, name="hera-episodes", daemon=True).start()
         return _loop
 

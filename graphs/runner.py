@@ -15,7 +15,6 @@ import json
 import secrets
 import sqlite3
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -28,7 +27,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import StateGraph
 
-from graphs import evaluate as evaluate_graph
+from graphs import engine, evaluate as evaluate_graph
 from graphs.episode import TRANSPORTS
 from state.metrics import Metrics
 from harness.bundle import load_bundle
@@ -129,18 +128,6 @@ async def postgres_checkpointer(url: str, schema: str) -> AsyncIterator[BaseChec
         yield saver
 
 
-_executors: dict[asyncio.AbstractEventLoop, int] = {}
-
-
-def _threads(workers: int) -> None:
-    """Every episode does blocking work (ledger, grading) in threads: the loop's pool holds at least `workers`,
-    set once and grown only when a larger evaluation needs more (a nested one keeps the pool it found)."""
-    loop = asyncio.get_running_loop()
-    if _executors.get(loop, 0) < workers:
-        loop.set_default_executor(ThreadPoolExecutor(max_workers=workers))
-        _executors[loop] = workers
-
-
 async def evaluate(
     bundle: str,
     pair_ids: list[str],
@@ -162,7 +149,7 @@ async def evaluate(
     run_id = run_id or new_run_id()
     paths = RunPaths.here()
     await asyncio.to_thread(paths.root.mkdir, parents=True, exist_ok=True)
-    _threads(concurrency + 4)
+    engine.bound_pool(asyncio.get_running_loop())
     ledger = await asyncio.to_thread(Ledger, context.ledger)
     async with checkpointer(paths.checkpoints) as saver:
         graph = evaluate_graph.builder.compile(checkpointer=saver, name="evaluate")

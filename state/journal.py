@@ -21,11 +21,12 @@ import hashlib
 import json
 import sqlite3
 import threading
+import weakref
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 
 from langgraph.config import get_config
 
@@ -44,7 +45,18 @@ class _Seen:
     kept: dict[str, bool] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Items:
+    """A list in a request (an episode's messages, its tools), named by each item's `dump` written once per item
+    object: every turn's request repeats the messages of the turns before."""
+
+    items: Sequence[Any]
+    dump: Callable[[Any], Any]
+
+
 _seen: ContextVar[_Seen | None] = ContextVar("hera_calls_seen", default=None)
+_items: dict[int, str] = {}  # id of a live item -> its JSON
+_PLACE = "\0items\0"  # where an `Items` value goes in the request's JSON
 _connections: dict[Path, SqliteTables] = {}
 _legacy: dict[int, bool] = {}  # per journal table object: it holds calls from before `scopes` (each is looked up)
 _lock = threading.Lock()
@@ -52,11 +64,14 @@ _lock = threading.Lock()
 
 @contextmanager
 def call_scope(name: str) -> Iterator[None]:
-    """Names the scope of the calls made inside (an episode: its run, key and attempt)."""
-    token = _scope.set(name)
+    """Names the scope of the calls made inside (an episode: its run, key and attempt). What the scope learns of its
+    calls (`_Seen`) is shared by everything inside, the graph nodes of an episode too (each runs in a copy of this
+    context)."""
+    token, seen = _scope.set(name), _seen.set(_Seen())
     try:
         yield
     finally:
+        _seen.reset(seen)
         _scope.reset(token)
 
 
@@ -109,7 +124,7 @@ async def journaled(request: dict[str, Any], call: Callable[[], Awaitable[T]], d
     if seen is None:
         seen = _Seen()
         _seen.set(seen)
-    digest = hashlib.sha256(json.dumps([scope, request], sort_keys=True, default=str).encode()).hexdigest()
+    digest = _digest(scope, request)
     n = seen.counts.get(digest, 0)
     seen.counts[digest] = n + 1
     key = f"{digest}:{n}"
@@ -122,6 +137,33 @@ async def journaled(request: dict[str, Any], call: Callable[[], Awaitable[T]], d
     result = await call()
     await asyncio.to_thread(_write, scope, key, dump(result))
     return result
+
+
+def _digest(scope: str, request: dict[str, Any]) -> str:
+    """sha256 of `json.dumps([scope, request], sort_keys=True, default=str)`, each `Items` value written as the list of
+    its items' dumps."""
+    lists = sorted(k for k, v in request.items() if isinstance(v, Items))
+    text = json.dumps([scope, {k: _PLACE if k in lists else v for k, v in request.items()}], sort_keys=True, default=str)
+    parts, digest = text.split(json.dumps(_PLACE)), hashlib.sha256()
+    digest.update(parts[0].encode())
+    for name, rest in zip(lists, parts[1:]):
+        value = request[name]
+        digest.update(f"[{', '.join(_item(x, value.dump) for x in value.items)}]{rest}".encode())
+    return digest.hexdigest()
+
+
+def _item(item: Any, dump: Callable[[Any], Any]) -> str:
+    """`dump(item)` as sorted JSON, kept while the item lives (an item that cannot be weakly referred to is not kept)."""
+    key = id(item)
+    text = _items.get(key)
+    if text is None:
+        text = json.dumps(dump(item), sort_keys=True, default=str)
+        try:
+            weakref.finalize(item, _items.pop, key, None)
+        except TypeError:
+            return text
+        _items[key] = text
+    return text
 
 
 def _holds(scope: str) -> bool:

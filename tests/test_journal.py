@@ -59,3 +59,39 @@ def test_a_journal_from_before_scopes_were_kept_is_read_back(lookups):
     db.execute("delete from scopes", [])  # as a journal written before: calls, no scopes
     journal._legacy.clear()
     assert episode("run-1/episode:x", REQUESTS, made) == first and len(made) == 3
+
+
+def test_the_calls_of_one_scope_share_what_it_knows_across_the_contexts_of_graph_nodes(lookups, monkeypatch):
+    """An episode's graph runs each node in a copy of the episode's context: its scope is looked up once, and the same
+    request made again in a later node is a call of its own, not the earlier one read back."""
+    holds, made = [], []
+    monkeypatch.setattr(journal, "_holds", lambda scope, holds_=journal._holds: holds.append(scope) or holds_(scope))
+
+    async def node(request: dict) -> dict:
+        async def call() -> dict:
+            made.append(request)
+            return {"reply": len(made)}
+        return await journal.journaled(request, call, json.dumps, json.loads)
+
+    async def run() -> list[dict]:
+        with journal.call_scope("run-1/episode:z"):
+            return [await asyncio.create_task(node(r)) for r in REQUESTS]  # a task copies the context, as a node does
+
+    assert asyncio.run(run()) == [{"reply": 1}, {"reply": 2}, {"reply": 3}]
+    assert holds == ["run-1/episode:z"] and lookups == []
+
+
+def test_a_request_names_its_items_as_their_plain_list_would():
+    """`Items` (messages, tools written once per object) leaves the name of a call what the whole request's JSON made it."""
+    from langchain_core.messages import AIMessage, HumanMessage, message_to_dict
+
+    messages = [HumanMessage("What does the drill cost?"), AIMessage("", tool_calls=[{"name": "get_item", "args": {"sku": "D"}, "id": "1"}])]
+    tools = [{"name": "get_item", "schema": {"b": 1, "a": [2, None]}}]
+    request = {"spec": "scripted:a", "method": "complete", "messages": journal.Items(messages, message_to_dict),
+               "tools": journal.Items(tools, dict), "max_tokens": None, "temperature": 0.2, "note": "\u00e9\0"}
+    plain = {**request, "messages": [message_to_dict(m) for m in messages], "tools": tools}
+    expected = journal.hashlib.sha256(json.dumps(["run/episode:e", plain], sort_keys=True, default=str).encode()).hexdigest()
+    assert journal._digest("run/episode:e", request) == expected
+    assert journal._digest("run/episode:e", request) == expected  # the second time from the kept item texts
+    messages.append(HumanMessage("and the saw?"))
+    assert journal._digest("run/episode:e", request) != expected

@@ -26,14 +26,14 @@ import os
 from typing import Any, Coroutine, TypeVar
 
 import httpx
-from langchain_core.messages import AIMessage, BaseMessage, messages_to_dict
+from langchain_core.messages import AIMessage, BaseMessage, message_to_dict
 from pydantic import BaseModel
 
 from roles.models.base import KINDS, ActionMode, ChatModel, Completion, ContextLimitError, InfrastructureError, check_messages, cost_usd
 from roles.models.local import QWEN_CODER_1_5B
 from roles.models.openai import IDLE_TIMEOUT_S, OpenAICompatibleModel, local_base_url, local_slot
 from roles.models.scripted import ScriptedModel
-from state.journal import journaled
+from state.journal import Items, journaled
 from state.records import ToolInfo, UsageRecord
 
 __all__ = ["KINDS", "ChatModel", "Completion", "ContextLimitError", "InfrastructureError", "chat_model", "check_messages", "cost_usd",
@@ -144,6 +144,10 @@ def reset_endpoints(*specs: str) -> None:
         _unreachable.pop(spec, None)
 
 
+def _tool_json(tool: ToolInfo) -> dict[str, Any]:
+    return tool.model_dump(mode="json")
+
+
 class JournaledModel:
     """A model whose replies inside checkpointed runs go through the call journal (state/journal.py),
     so a resumed run does not make a finished call again."""
@@ -156,12 +160,12 @@ class JournaledModel:
         return repr(self.model)
 
     def _request(self, method: str, messages: list[BaseMessage], **more: Any) -> dict[str, Any]:
-        return {"spec": self.spec, "role": self.role, "method": method, "messages": messages_to_dict(messages), **more}
+        return {"spec": self.spec, "role": self.role, "method": method, "messages": Items(messages, message_to_dict), **more}
 
     async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
                        max_tokens: int | None = None, temperature: float | None = None,
                        action_mode: ActionMode = "text") -> Completion:
-        request = self._request("complete", messages, tools=[t.model_dump(mode="json") for t in tools or ()],
+        request = self._request("complete", messages, tools=Items(tools or (), _tool_json),
                                 max_tokens=max_tokens, temperature=temperature,
                                 **({"action_mode": action_mode} if action_mode != "text" else {}))
 
