@@ -62,6 +62,21 @@ def test_episodes_on_the_engine_are_graded_and_scored_as_in_process(cluster, con
     assert sorted((a["side"], a["status"]) for a in attempts) == [("abstain", "done"), ("act", "done")]
 
 
+def test_attempts_ready_together_go_to_the_cluster_as_one_task(cluster, context, tmp_path, monkeypatch):
+    """Dask's scheduler and messages cost a task about what a worker's episode costs: the attempts that are ready at
+    the same time share one task, and each comes back with its own record."""
+    monkeypatch.setattr(engine, "GATHER_S", 0.5)  # every attempt of the run is ready well within it
+    submitted, submit = [], cluster.submit
+    monkeypatch.setattr(cluster, "submit", lambda fn, *args, **kw: submitted.append(len(args[1])) or submit(fn, *args, **kw))
+    cluster.register_plugin(scripted.worker_plugin(agent=[shop_agent] * 10, judge=[shop_judge] * 4))
+    remote = Context(**{**context.__dict__, "engine": ENGINE})
+    run = asyncio.run(api.evaluate("H0", [PAIR], remote, trials=2, concurrency=4))
+    assert submitted == [4]
+    assert run.metrics.complete and run.metrics.counts["pair"] == 2
+    assert sorted((e.key.side, e.key.trial, e.status) for e in run.episodes) == [
+        ("abstain", 0, "done"), ("abstain", 1, "done"), ("act", 0, "done"), ("act", 1, "done")]
+
+
 def stalled_agent(messages, tools, marker: str):
     """The shop agent, except that the first call anywhere writes its process id to `marker` and stalls."""
     try:
