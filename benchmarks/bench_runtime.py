@@ -36,8 +36,10 @@ import asyncio
 import gc
 import json
 import os
+import statistics
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from langchain_core.messages import HumanMessage, ToolMessage
@@ -102,7 +104,7 @@ async def throughput(concurrency: int, latency_s: float, turns: int, waves: int,
     scripted.register("agent", [slow_agent(latency_s, turns)] * (episodes * turns))
     scripted.register("judge", [judge] * episodes)
     ctx = Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES),
-                  ledger=str(tmp / f"ledger-{concurrency}-{waves}-{gc.get_freeze_count()}.db"))  # no reuse between runs
+                  ledger=str(tmp / f"ledger-{uuid.uuid4().hex}.db"))  # a ledger of its own: no episode reused between runs
     start, cpu = time.perf_counter(), time.process_time()
     # both sides of the pair, so trials × 2 = episodes
     metrics = (await api.evaluate("H0", [PAIR], ctx, trials=episodes // 2, concurrency=concurrency)).metrics
@@ -175,13 +177,13 @@ async def on_engine(workers: int | None, latency_s: float, turns: int, episodes:
     for name, script in steps.items():
         scripted.register(name, script)
     ctx = Context(agent_model="scripted:agent", judge_model="scripted:judge", catalog=str(FIXTURES), engine=where,
-                  ledger=str(tmp / f"ledger-engine-{workers}.db"))
+                  ledger=str(tmp / f"ledger-engine-{uuid.uuid4().hex}.db"))
     dask = None
     if where:
         dask = await asyncio.to_thread(engine.client, where)
         await asyncio.to_thread(dask.register_plugin, scripted.worker_plugin(**steps))
         await asyncio.to_thread(dask.run, import_the_stack)
-        warm = Context(**{**ctx.__dict__, "ledger": str(tmp / f"ledger-engine-{workers}-warm.db")})
+        warm = Context(**{**ctx.__dict__, "ledger": str(tmp / f"ledger-engine-{uuid.uuid4().hex}.db")})
         await api.evaluate("H0", [PAIR], warm, trials=workers, concurrency=concurrency)
         await asyncio.to_thread(dask.register_plugin, scripted.worker_plugin(**steps))  # fresh scripts for the measured run
     before = await asyncio.to_thread(dask.run, time.process_time) if dask else {}
@@ -197,6 +199,34 @@ async def on_engine(workers: int | None, latency_s: float, turns: int, episodes:
             "workers_cpu_ms_per_episode": 1e3 * worker_cpu / metrics.finished}
 
 
+def medians(runs: list[dict], *by: str) -> list[dict]:
+    """One row per value of the fields `by`, in the order first run: each measured number the median over the rounds."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    return [{**rs[0], **{k: statistics.median(x[k] for x in rs) for k, v in rs[0].items() if isinstance(v, float)}} for rs in groups.values()]
+
+
+def summary(result: dict) -> dict:
+    """Ours beside bare at each concurrency, and each engine run beside one process: the ratio of the two runs of one
+    round (made minutes apart at most), its median and range over the rounds."""
+    ours = {(t["round"], t["concurrency"]): t for t in result["throughput"] if t["gc"] == "tuned"}
+    beside = []
+    for b in medians(result["bare"], "concurrency"):
+        rounds = [r for r in result["bare"] if r["concurrency"] == b["concurrency"]]
+        ratios = [ours[r["round"], r["concurrency"]]["cpu_ms_per_episode"] / r["cpu_ms_per_episode"] for r in rounds]
+        mine = [ours[r["round"], r["concurrency"]] for r in rounds]
+        beside.append({"concurrency": b["concurrency"], "ours_cpu_ms": statistics.median(t["cpu_ms_per_episode"] for t in mine),
+                       "bare_cpu_ms": b["cpu_ms_per_episode"], "ratio": statistics.median(ratios), "ratios": ratios,
+                       "ours_of_ideal_pct": statistics.median(t["of_ideal_pct"] for t in mine), "bare_of_ideal_pct": b["of_ideal_pct"]})
+    one = {r["round"]: r for r in result["engine"] if not r["workers"]}
+    engine_rows = []
+    for e in medians(result["engine"], "engine"):
+        speedups = [r["eps_per_s"] / one[r["round"]]["eps_per_s"] for r in result["engine"] if r["engine"] == e["engine"]]
+        engine_rows.append({**e, "speedup": statistics.median(speedups), "speedups": speedups})
+    return {"beside_bare": beside, "engine": engine_rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--latency-ms", type=float, default=200)
@@ -207,63 +237,64 @@ def main() -> None:
     parser.add_argument("--engine-workers", type=int, nargs="*", default=[1, 2, 4], help="worker processes of each engine run")
     parser.add_argument("--engine-latency-ms", type=float, default=0, help="the scripted model's latency on the engine")
     parser.add_argument("--engine-episodes", type=int, default=512, help="episodes of each engine run (a run of a few seconds: shorter ones are mostly start-up noise)")
-    parser.add_argument("--engine-concurrency", type=int, default=8)
+    parser.add_argument("--engine-concurrency", type=int, default=16,
+                        help="attempts in flight, on the engine and in one process alike (at 8, two workers have no task waiting "
+                             "while they run one: 1.2-1.5x one process against 1.4-1.7x at 16)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every measurement (medians reported): CPU figures move by "
+                                                                "a third from run to run on a shared 2-core machine")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     latency = args.latency_ms / 1000
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["HERA_RUNS"] = tmp
-        result = {"overhead": asyncio.run(overhead(latency, args.turns, args.repeats)), "throughput": []}
+        result = {"overhead": asyncio.run(overhead(latency, args.turns, args.repeats)), "throughput": [], "bare": [], "engine": []}
         asyncio.run(throughput(2, latency, args.turns, 1, Path(tmp)))  # warm-up: the bundle check, loads and imports happen once
-        for c in args.concurrency:
-            for tuned in (False, True):
-                gc.unfreeze()
-                gc.set_threshold(*DEFAULT_GC)
-                if tuned:
-                    api.tune_gc()
-                result["throughput"].append(asyncio.run(throughput(c, latency, args.turns, args.waves, Path(tmp))))
-        asyncio.run(bare(2, latency, args.turns, 1))  # warm-up
-        result["bare"] = [asyncio.run(bare(c, latency, args.turns, args.waves)) for c in args.concurrency]
-        result["engine"] = []
-        for workers in [None, *args.engine_workers]:  # gc tuned, as `hera eval` runs
-            result["engine"].append(asyncio.run(on_engine(workers, args.engine_latency_ms / 1000, args.turns, args.engine_episodes,
-                                                          args.engine_concurrency, Path(tmp))))
-            engine.close()
+        asyncio.run(bare(2, latency, args.turns, 1))
+        for round_ in range(args.rounds):  # ours and bare side by side at each level, every round: the machine drifts between rounds
+            for c in args.concurrency:
+                for tuned in (False, True):
+                    gc.unfreeze()
+                    gc.set_threshold(*DEFAULT_GC)
+                    if tuned:
+                        api.tune_gc()
+                    result["throughput"].append({**asyncio.run(throughput(c, latency, args.turns, args.waves, Path(tmp))), "round": round_})
+                result["bare"].append({**asyncio.run(bare(c, latency, args.turns, args.waves)), "round": round_})
+            for workers in [None, *args.engine_workers]:  # gc tuned, as `hera eval` runs
+                result["engine"].append({**asyncio.run(on_engine(workers, args.engine_latency_ms / 1000, args.turns, args.engine_episodes,
+                                                                 args.engine_concurrency, Path(tmp))), "round": round_})
+                engine.close()
     result["load_average"] = {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}
+    result["summary"] = summary(result)
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    o = result["overhead"]
+    o, sums = result["overhead"], result["summary"]
     console = Console()
     console.print(f"per turn: bare model call {o['bare_call_ms']:.1f} ms, runtime turn {o['runtime_turn_ms']:.1f} ms "
                   f"→ overhead {o['overhead_pct']:.2f}% (goal < 2%)")
-    table = Table(title=f"episodes/s, {args.turns} turns × {args.latency_ms:.0f} ms model latency")
+    table = Table(title=f"episodes/s, {args.turns} turns × {args.latency_ms:.0f} ms model latency (medians of {args.rounds} rounds)")
     for col in ("concurrency", "gc", "episodes", "wall s", "episodes/s", "ideal", "% of ideal", "CPU ms/episode"):
         table.add_column(col, justify="right")
-    for t in result["throughput"]:
+    for t in medians(result["throughput"], "concurrency", "gc"):
         table.add_row(str(t["concurrency"]), t["gc"], str(t["episodes"]), f"{t['wall_s']:.1f}", f"{t['eps_per_s']:.2f}",
                       f"{t['ideal_eps_per_s']:.2f}", f"{t['of_ideal_pct']:.1f}", f"{t['cpu_ms_per_episode']:.1f}")
     console.print(table)
-    ours = {t["concurrency"]: t for t in result["throughput"] if t["gc"] == "tuned"}
-    side = Table(title="ours (evaluate graph, gc tuned) beside bare LangGraph (model node + prebuilt ToolNode, tool in process)")
-    for col in ("concurrency", "ours CPU ms/episode", "bare CPU ms/episode", "ratio (goal ≤ 2)", "ours % of ideal", "bare % of ideal"):
+    side = Table(title="ours (evaluate graph, gc tuned) beside bare LangGraph (model node + prebuilt ToolNode, tool in process): "
+                       f"medians of {args.rounds} rounds, the ratio's range over the rounds")
+    for col in ("concurrency", "ours CPU ms/episode", "bare CPU ms/episode", "ratio (goal ≤ 2)", "ratio range", "ours % of ideal", "bare % of ideal"):
         side.add_column(col, justify="right")
-    for b in result["bare"]:
-        o = ours[b["concurrency"]]
-        side.add_row(str(b["concurrency"]), f"{o['cpu_ms_per_episode']:.1f}", f"{b['cpu_ms_per_episode']:.1f}",
-                     f"{o['cpu_ms_per_episode'] / b['cpu_ms_per_episode']:.1f}×", f"{o['of_ideal_pct']:.1f}", f"{b['of_ideal_pct']:.1f}")
+    for row in sums["beside_bare"]:
+        side.add_row(str(row["concurrency"]), f"{row['ours_cpu_ms']:.1f}", f"{row['bare_cpu_ms']:.1f}", f"{row['ratio']:.2f}×",
+                     f"{min(row['ratios']):.2f}–{max(row['ratios']):.2f}×", f"{row['ours_of_ideal_pct']:.1f}", f"{row['bare_of_ideal_pct']:.1f}")
     console.print(side)
-    runs = result["engine"]
-    one, single = runs[0], next((r for r in runs if r["workers"] == 1), None)
     scaling = Table(title=f"on the engine: {args.engine_episodes} episodes, {args.turns} turns × {args.engine_latency_ms:.0f} ms model "
-                          f"latency, concurrency {args.engine_concurrency} (goal: 2 workers ≥ 1.7× one process)")
-    for col in ("where", "wall s", "episodes/s", "× one process", "× one worker", "coordinator CPU ms/episode", "workers CPU ms/episode"):
+                          f"latency, concurrency {args.engine_concurrency}, medians of {args.rounds} rounds (goal: 2 workers ≥ 1.7× one process)")
+    for col in ("where", "episodes/s", "× one process", "range", "coordinator CPU ms/episode", "workers CPU ms/episode"):
         scaling.add_column(col, justify="right")
-    for r in runs:
-        scaling.add_row(r["engine"], f"{r['wall_s']:.1f}", f"{r['eps_per_s']:.2f}", f"{r['eps_per_s'] / one['eps_per_s']:.2f}×",
-                        f"{r['eps_per_s'] / single['eps_per_s']:.2f}×" if single and r["workers"] else "",
-                        f"{r['coordinator_cpu_ms_per_episode']:.1f}", f"{r['workers_cpu_ms_per_episode']:.1f}")
+    for row in sums["engine"]:
+        scaling.add_row(row["engine"], f"{row['eps_per_s']:.2f}", f"{row['speedup']:.2f}×", f"{min(row['speedups']):.2f}–{max(row['speedups']):.2f}×",
+                        f"{row['coordinator_cpu_ms_per_episode']:.1f}", f"{row['workers_cpu_ms_per_episode']:.1f}")
     console.print(scaling)
     load = result["load_average"]
     console.print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load['before'])}, after "
