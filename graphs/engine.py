@@ -184,7 +184,7 @@ class _Batch:
             results = await asyncio.to_thread(task.result)
         except (KilledWorker, FutureCancelledError, CommClosedError) as exc:
             results = [_Lost(f"{type(exc).__name__}: {exc}")] * len(sent)
-        except BaseException as exc:  # noqa: BLE001 — every waiting attempt gets it
+        except BaseException as exc:  # every attempt waiting on the task gets it
             results = [exc] * len(sent)
         finally:
             if task is not None:
