@@ -16,7 +16,9 @@ from graphs import api, engine
 from graphs.runner import Evaluation
 from graphs.cli import main
 from roles.models import scripted
-from state.context import ConfigError, Context
+from envs.catalog import load_entry
+from state.context import ConfigError, Context, EpisodeRequest
+from state.records import EpisodeKey, EpisodeRecord
 from state.ledger import Ledger
 from tests.conftest import FIXTURES
 from tests.scripts import shop_agent, shop_judge
@@ -75,6 +77,30 @@ def test_attempts_ready_together_go_to_the_cluster_as_one_task(cluster, context,
     assert run.metrics.complete and run.metrics.counts["pair"] == 2
     assert sorted((e.key.side, e.key.trial, e.status) for e in run.episodes) == [
         ("abstain", 0, "done"), ("abstain", 1, "done"), ("act", 0, "done"), ("act", 1, "done")]
+
+
+async def fails_on_the_act_side(entry, request, key, ctx, ledger, episode_id, thread=None) -> EpisodeRecord:
+    """An attempt with a bug on one side of the pair."""
+    if request.side == "act":
+        raise ValueError("a bug in the attempt")
+    return EpisodeRecord(key=key, pair_id=request.pair_id, bundle=request.bundle, status="done", answer=episode_id)
+
+
+def test_an_attempt_that_raises_fails_its_own_episode_not_the_others_of_its_task(cluster, context, monkeypatch):
+    monkeypatch.setattr(engine, "GATHER_S", 0.5)  # both attempts in one task
+    remote = Context(**{**context.__dict__, "engine": ENGINE})
+    entry = load_entry(PAIR, remote.catalog)
+
+    async def both() -> list:
+        requests = [EpisodeRequest(pair_id=PAIR, side=side, bundle="H0") for side in ("act", "abstain")]
+        keys = [EpisodeKey(harness_hash="h", env_hash="e", task_id=PAIR, side=r.side, model="scripted:agent", seed=0, trial=0)
+                for r in requests]
+        return await asyncio.gather(*(engine.run_attempt(fails_on_the_act_side, entry, r, k, remote, None, f"attempt-{r.side}")
+                                      for r, k in zip(requests, keys)), return_exceptions=True)
+
+    act, abstain = asyncio.run(both())
+    assert isinstance(act, ValueError) and str(act) == "a bug in the attempt"
+    assert abstain.status == "done" and abstain.answer == "attempt-abstain" and abstain.key.side == "abstain"
 
 
 def stalled_agent(messages, tools, marker: str):
