@@ -55,7 +55,7 @@ class Items:
 
 
 _seen: ContextVar[_Seen | None] = ContextVar("hera_calls_seen", default=None)
-_items: dict[int, str] = {}  # id of a live item -> its JSON
+_items: dict[tuple[int, Callable], str] = {}  # (id of a live item, its dump) -> its JSON
 _PLACE = "\0items\0"  # where an `Items` value goes in the request's JSON
 _connections: dict[Path, SqliteTables] = {}
 _legacy: dict[int, bool] = {}  # per journal table object: it holds calls from before `scopes` (each is looked up)
@@ -154,7 +154,7 @@ def _digest(scope: str, request: dict[str, Any]) -> str:
 
 def _item(item: Any, dump: Callable[[Any], Any]) -> str:
     """`dump(item)` as sorted JSON, kept while the item lives (an item that cannot be weakly referred to is not kept)."""
-    key = id(item)
+    key = (id(item), dump)  # one object may be written two ways
     text = _items.get(key)
     if text is None:
         text = json.dumps(dump(item), sort_keys=True, default=str)
