@@ -707,7 +707,8 @@ def evolve_harness(args: argparse.Namespace) -> int:
         _entry(args, pair_id)
     context = context_from(args)
     reachable(("--model", args.model), *role_specs(args, "judge_model", "analyst_model", "optimizer_model"))
-    per_eval = 2 * (len(pool) + len(validation))
+    gate_split = validation if args.rule == "hera" else pool
+    per_eval = 2 * (len(pool) + len(validation) + (args.gate_trials - 1) * len(gate_split))
     warning = gate_warning(len(validation) if args.rule == "hera" else len(pool), args.gate_level,
                            "validation" if args.rule == "hera" else "training")
     if warning:
@@ -729,7 +730,7 @@ def evolve_harness(args: argparse.Namespace) -> int:
 
         run_id, final = asyncio.run(api.evolve_harness(
             args.base, pool, validation, context, candidates=args.candidates, mode=args.mode, channel=args.channel,
-            rounds=args.rounds, rule=args.rule, gate_level=args.gate_level, run_id=args.run_id, on_event=on_event))
+            rounds=args.rounds, rule=args.rule, gate_level=args.gate_level, gate_trials=args.gate_trials, run_id=args.run_id, on_event=on_event))
     lineage = list(final.get("lineage", {}).values())
     if args.json:
         print(json.dumps({"run_id": run_id, "selected": final.get("selected"), "lineage": [e.model_dump() for e in lineage]}, indent=1, default=str))
@@ -1026,7 +1027,8 @@ def _add_coevolution_parsers(top) -> None:
         overrides = {"train": "training pairs at the start", "validation": "validation pairs", "bench": "bench pairs scored at the end",
                      "rounds": "co-evolution rounds", "proposers": "mutation proposals per design round",
                      "batch_size": "pairs per screened batch", "candidates": "harness candidates per block",
-                     "budget": "design rounds per admitted batch", "max_turns": "a cap on every episode's turns"}
+                     "budget": "design rounds per admitted batch", "max_turns": "a cap on every episode's turns",
+                     "gate_trials": "trials of each harness on the validation pairs the selection gate reads"}
         for key, what in overrides.items():
             sub.add_argument(f"--{key.replace('_', '-')}", type=non_negative_int if key == "bench" else positive_int, help=f"{what} (default: the preset's)")
         sub.add_argument("--tier", choices=["short", "standard", "all"], help="the pairs' tier: short (2–3 reference calls, what a "
@@ -1173,6 +1175,8 @@ def parser() -> argparse.ArgumentParser:
     evo.add_argument("--rule", default="hera", choices=["hera", "ecdysis"], help="selection rule")
     evo.add_argument("--gate-level", type=level, default=GATE_LEVEL,
                      help=f"the selection gate's sign-test level (default {GATE_LEVEL:g}; it needs at least {min_pairs()} pairs)")
+    evo.add_argument("--gate-trials", type=positive_int, default=1,
+                     help="trials of each harness on the split the gate reads (validation under hera, the pool under ecdysis)")
     model_options(evo, ("--analyst-model", "failure analyst and review roles"), ("--optimizer-model", "the coding agent"))
     run_options(evo)
     evo.set_defaults(run=evolve_harness)

@@ -70,12 +70,13 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 # episodes are reused from the rollout cache; like every run it resumes with `--run-id`.
 PRESETS: dict[str, dict] = {
     "quick": {"train": 2, "validation": 6, "bench": 4, "tier": "short", "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
-              "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": 10},
+              "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "gate_trials": 1, "max_turns": 10},
     "standard": {"train": 4, "validation": 6, "bench": 10, "tier": "short", "rounds": 3, "proposers": 2, "batch_size": 2,
                  "budget": 1, "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL,
-                 "max_turns": 10},
+                 "gate_trials": 2, "max_turns": 10},
     "paper": {"train": 20, "validation": 15, "bench": None, "tier": "all", "rounds": 6, "proposers": 5, "batch_size": 5, "budget": 2,
-              "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4, "gate_level": GATE_LEVEL, "max_turns": None},
+              "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4, "gate_level": GATE_LEVEL, "gate_trials": 1,
+              "max_turns": None},
 }
 
 # The compared methods as settings of this graph (HERA Table 1, ECDYSIS Table 1). A `static` method is a
@@ -115,6 +116,7 @@ class CoevolutionInput(TypedDict):
     review_rounds: int
     rule: Literal["hera", "ecdysis"]
     gate_level: NotRequired[float]
+    gate_trials: NotRequired[int]
 
 
 class CoevolutionOutput(TypedDict, total=False):
@@ -241,7 +243,7 @@ async def evolve_harness(state: CoevolutionState, runtime: Runtime[Context]) -> 
     harness_run, final = await run_harness_evolution(
         state["harness"], state["pool"], state["validation"], ctx, candidates=state["candidates"], mode=state["mode"],
         channel=state["channel"], rounds=state["review_rounds"], rule=state["rule"], gate_level=state.get("gate_level", GATE_LEVEL),
-        tried=state.get("tried", []), run_id=f"{state['run_id']}-h{state['round']}", on_event=_forward)
+        gate_trials=state.get("gate_trials", 1), tried=state.get("tried", []), run_id=f"{state['run_id']}-h{state['round']}", on_event=_forward)
     selected = final["lineage"][final["selected"]]
     return {"harness": selected.path, "lineage": final["lineage"], "tried": state.get("tried", []) + final.get("started", []),
             "steps": [await _step(state["round"], harness_evolution, harness_run)],
@@ -308,6 +310,7 @@ async def run_coevolution(
     review_rounds: int = 2,
     rule: str = "hera",
     gate_level: float = GATE_LEVEL,
+    gate_trials: int = 1,
     run_id: str | None = None,
     on_event: Callable[[str, dict], None] | None = None,
 ) -> tuple[str, dict]:
@@ -320,6 +323,6 @@ async def run_coevolution(
                "bench": bench if bench is not None else split_pairs("bench", context.catalog), "rounds": rounds, "env": env,
                "proposers": proposers, "batch_size": batch_size, "tau": tau, "budget": budget, "max_refinements": max_refinements,
                "candidates": candidates, "mode": mode, "channel": channel, "review_rounds": review_rounds, "rule": rule,
-               "gate_level": gate_level}
+               "gate_level": gate_level, "gate_trials": gate_trials}
     return run_id, await runner.run_checkpointed(builder, "coevolution", run_id, payload, context, 20 + 10 * rounds,
                                            on_event, RunPaths.here().coevolution)

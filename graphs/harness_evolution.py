@@ -33,7 +33,7 @@ from envs.catalog import load_entry
 from graphs import fdcr, runner
 from graphs.episode import run_episode
 from state.metrics import fraction
-from graphs.selection import GATE_LEVEL, gate_warning, judge
+from graphs.selection import GATE_LEVEL, SPLIT, gate_warning, judge
 from harness.bundle import bundle_diff, load_bundle
 from harness.check import check_bundle, placeholder
 from harness.leakage import leaks
@@ -62,6 +62,7 @@ class HarnessEvolutionInput(TypedDict):
     rounds: int
     rule: Rule
     gate_level: NotRequired[float]  # the selection gate's sign-test level (default GATE_LEVEL)
+    gate_trials: NotRequired[int]  # trials of each harness on the split the gate reads (default 1)
     tried: NotRequired[list[str]]  # the failure groups ("kind/category") candidates of earlier blocks started from
 
 
@@ -96,16 +97,21 @@ def _entries(pair_ids: list[str], ctx: Context) -> dict:
     return {p: load_entry(p, ctx.catalog) for p in pair_ids}
 
 
-async def _evaluate(bundle: str, pairs: list[str], ctx: Context, run_id: str) -> tuple[RunScores, list]:
+async def _evaluate(bundle: str, pairs: list[str], ctx: Context, run_id: str, trials: int = 1) -> tuple[RunScores, list]:
     """Metrics and graded episodes of one bundle on some pairs, as an evaluation run of its own (resumed by id)."""
     writer = get_stream_writer()
-    run = await runner.evaluate(bundle, pairs, ctx, run_id=run_id, on_episode=lambda r: writer(runner.episode_event(r)))
+    run = await runner.evaluate(bundle, pairs, ctx, run_id=run_id, trials=trials,
+                                on_episode=lambda r: writer(runner.episode_event(r)))
     return RunScores(**run.metrics.model_dump(), run_id=run.run_id), run.done
 
 
 async def _scores(bundle: str, state: HarnessEvolutionState, ctx: Context, name: str) -> tuple[RunScores, RunScores, list[FailureRecord], int]:
-    train, train_records = await _evaluate(bundle, state["pool"], ctx, f"{state['run_id']}-{name}-train")
-    validation, _ = await _evaluate(bundle, state["validation"], ctx, f"{state['run_id']}-{name}-validation")
+    """Training and validation scores, the gate's split with `gate_trials` trials: on a small model one trial of a
+    harness can score Abstain 1/6 and the next 6/6, which a sign test over one trial's tasks cannot tell from a gain."""
+    trials = {SPLIT[state["rule"]]: state.get("gate_trials", 1)}
+    train, train_records = await _evaluate(bundle, state["pool"], ctx, f"{state['run_id']}-{name}-train", trials.get("training", 1))
+    validation, _ = await _evaluate(bundle, state["validation"], ctx, f"{state['run_id']}-{name}-validation",
+                                    trials.get("validation", 1))
     entries = await asyncio.to_thread(_entries, state["pool"], ctx)
     return train, validation, failure_records(train_records, entries), len(train_records)
 
@@ -356,6 +362,7 @@ async def run_harness_evolution(
     rounds: int = 2,
     rule: str = "hera",
     gate_level: float = GATE_LEVEL,
+    gate_trials: int = 1,
     tried: list[str] | None = None,
     run_id: str | None = None,
     on_event: Callable[[str, dict], None] | None = None,
@@ -364,6 +371,7 @@ async def run_harness_evolution(
     `tried`: the failure groups candidates of earlier blocks started from (`starting_order`)."""
     run_id = run_id or runner.new_run_id()
     payload = {"run_id": run_id, "base": base, "pool": pool, "validation": validation, "candidates": candidates,
-               "mode": mode, "channel": channel, "rounds": rounds, "rule": rule, "gate_level": gate_level, "tried": tried or []}
+               "mode": mode, "channel": channel, "rounds": rounds, "rule": rule, "gate_level": gate_level, "gate_trials": gate_trials,
+               "tried": tried or []}
     return run_id, await runner.run_checkpointed(builder, "harness_evolution", run_id, payload, context,
                                            50 + 10 * candidates, on_event, RunPaths.here().evolution)

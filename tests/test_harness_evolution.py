@@ -252,6 +252,23 @@ def test_one_block_end_to_end(context):
     assert final["started"] == ["forbidden_action/missing_evidence"]  # where c1 started, for the next block to know
 
 
+@pytest.mark.parametrize("rule, gate_split", [("hera", "validation"), ("ecdysis", "train")])
+def test_the_split_the_gate_reads_is_scored_over_gate_trials_trials(context, rule, gate_split):
+    scripted.register("agent", [eager_agent] * 200)
+    scripted.register("judge", [shop_judge] * 60)
+    scripted.register("analyst", [CAUSE, "A1", "C1", "E1", SPEC])
+    scripted.register("optimizer", [tied(EDIT)])
+    run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context, candidates=1,
+                                                   rounds=1, mode="fdcr", rule=rule, gate_level=0.5, gate_trials=2))
+    for entry in final["lineage"].values():
+        trials = {"train": entry.train.trials, "validation": entry.validation.trials}
+        assert trials == {"train": 1, "validation": 1} | {gate_split: 2}
+        scored = getattr(entry, gate_split)
+        assert scored.complete and scored.totals["act"] == scored.totals["abstain"] == 2  # one pair, two trials
+    c1 = final["lineage"][f"{run_id}:c1"]
+    assert c1.adopted and c1.decision["tasks"] == 2 and c1.decision["scores"]["pair"] == ["0/2", "2/2"]
+
+
 def test_candidates_start_from_the_groups_no_earlier_block_started_from_then_turn_within_a_block():
     from graphs.harness_evolution import starting_order
 
