@@ -4,10 +4,12 @@
 pair's side: its tools called in process by default, or over MCP, as
 `Context.env_transport` says), loads the bundle and lets its hooks compose the
 instructions; `agent` runs one model turn through
-`prepare_turn` (in the bundle's action mode); `tools` runs the requested
-calls through `before_tool_call`, `present_result` (what the model is shown)
-and `after_tool_result`; `finalizer` asks `finalize` whether to accept,
-replace, abstain or revise; `close` closes what a standalone episode opened. Read-only calls a hook makes itself
+`prepare_turn` (in the bundle's action mode) and, on a turn without tool
+calls, asks `finalize` whether to accept, replace, abstain or revise; `tools`
+runs the requested calls through `before_tool_call`, `present_result` (what
+the model is shown) and `after_tool_result`; `close` closes what a standalone
+episode opened (an episode `run_episode` runs ends without it: each step of a
+graph costs about what a bare turn does). Read-only calls a hook makes itself
 (`view.lookup`) are recorded with the agent's, marked as the harness's. A
 hook's failure ends the episode as `harness_error` (scored); a tool that
 crashes ends it as `environment_error` (the environment's defect, never
@@ -122,7 +124,7 @@ def public_context(entry) -> str:
     return "\n\n".join(p.strip() for p in parts if p and p.strip())
 
 
-async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "close"]]:
+async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "close", "__end__"]]:
     """Opens the episode's environment (unless `run_episode` did) and harness; writes `messages`, `turns`,
     `harness_hash`, and `episode_id` when it was not given."""
     request, ctx = EpisodeRequest.model_validate(state["request"]), runtime.context  # from Studio, a dict
@@ -212,14 +214,20 @@ async def _release(episode_id: str) -> None:
         await live.holder
 
 
+def _end(live: Live) -> str:
+    """Where an ending episode goes: `close`, when it opened its session itself, else straight to the end."""
+    return "close" if live.release is not None else END
+
+
 async def close(state: EpisodeState) -> dict:
     """Closes what the episode opened itself (nothing when `run_episode` opened it); writes nothing."""
     await _release(state["episode_id"])
     return {}
 
 
-async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["tools", "finalizer", "close"]]:
-    """One model turn; routes to `tools` on tool calls, else to `finalizer`; writes `messages`, `usage`, `turns`."""
+async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "tools", "close", "__end__"]]:
+    """One model turn; routes to `tools` on tool calls, else lets the harness finalize the answer (`_finalize`);
+    writes `messages`, `observations`, `usage`, `turns`."""
     live = LIVE[state["episode_id"]]
     live.view.turn = state["turns"]
     try:
@@ -231,18 +239,18 @@ async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
         done = await live.model.complete(messages, live.view.tools, max_tokens=config.max_output_tokens,
                                          temperature=config.temperature, action_mode=config.action_mode)
     except InfrastructureError as exc:
-        return Command(goto="close", update={"termination": "infrastructure_error", "error": f"{exc.kind}: {exc}"})
+        return Command(goto=_end(live), update={"termination": "infrastructure_error", "error": f"{exc.kind}: {exc}"})
     except ContextLimitError as exc:
-        return Command(goto="close", update={"termination": "context_limit", "error": str(exc), "answer": "", **live.drain()})
+        return Command(goto=_end(live), update={"termination": "context_limit", "error": str(exc), "answer": "", **live.drain()})
     turns = state["turns"] + 1
     drained = live.drain()
     update = {"messages": [done.message], "observations": drained["observations"], "usage": [*drained["usage"], done.usage],
               "turns": turns}
     if done.message.tool_calls:
         if turns >= turn_limit(live, runtime.context):
-            return Command(goto="close", update={**update, "termination": "turn_limit", "answer": ""})
+            return Command(goto=_end(live), update={**update, "termination": "turn_limit", "answer": ""})
         return Command(goto="tools", update=update)
-    return Command(goto="finalizer", update=update)
+    return await _finalize(live, runtime.context, update)
 
 
 def _typed(tool: ToolInfo, args: dict) -> dict:
@@ -264,7 +272,7 @@ def turn_limit(live: Live, ctx: Context) -> int:
     return min(live.view.config.max_turns, ctx.max_turns or live.view.config.max_turns)
 
 
-async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "close"]]:
+async def tools(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "close", "__end__"]]:
     """Runs the last turn's tool calls through the harness; writes `messages`, `observations`."""
     live = LIVE[state["episode_id"]]
     last: AIMessage = state["messages"][-1]
@@ -313,20 +321,25 @@ async def _call_tool(live: Live, request: ToolRequest) -> Observation:
     return Observation(tool=request.name, args=request.args, ok=True, output=payload, read_only=read_only)
 
 
-async def finalizer(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "close"]]:
-    """Lets the harness accept, replace, abstain on or revise the answer; writes `answer`, `termination`."""
-    live = LIVE[state["episode_id"]]
-    answer = capped(_text(state["messages"][-1]))
+async def _finalize(live: Live, ctx: Context, update: dict) -> Command:
+    """Lets the harness accept, replace, abstain on or revise the answer of the turn `update` holds; adds `answer` and
+    `termination` (or, on a revision, the harness's request to the model) to it."""
+    answer = capped(_text(update["messages"][-1]))
     try:
         final = await call_hook(live.harness.finalize, live.view, answer)
     except (HookError, EnvironmentFault) as exc:
-        return _ended(exc, live)
-    drained = live.drain()
-    if final.action == "revise" and state["turns"] < turn_limit(live, runtime.context):
-        return Command(goto="agent", update={"messages": [HumanMessage(capped(final.text))], **drained})
+        return _ended(exc, live, **update)
+    update = _with(update, live.drain())
+    if final.action == "revise" and update["turns"] < turn_limit(live, ctx):
+        return Command(goto="agent", update={**update, "messages": [*update["messages"], HumanMessage(capped(final.text))]})
     if final.action in ("replace", "abstain"):
         answer = capped(final.text)
-    return Command(goto="close", update={"answer": answer, "termination": "final_answer", **drained})
+    return Command(goto=_end(live), update={**update, "answer": answer, "termination": "final_answer"})
+
+
+def _with(update: dict, drained: dict) -> dict:
+    """`update` with a later `Live.drain()`'s observations and usage after its own."""
+    return {**update, **{k: [*update.get(k, ()), *v] for k, v in drained.items()}}
 
 
 def _fault(observation: Observation) -> EnvironmentFault:
@@ -337,7 +350,8 @@ def _ended(exc: HookError | EnvironmentFault, live: Live, **update) -> Command:
     """Ends the episode on a sandboxed hook's failure (the candidate's fault: scored, not re-run) or on a tool's
     crash (the environment's: never scored); the error is kept with its message."""
     termination = "environment_error" if isinstance(exc, EnvironmentFault) else "harness_error"
-    return Command(goto="close", update={**update, **live.drain(), "termination": termination, "error": capped(str(exc)), "answer": ""})
+    return Command(goto=_end(live), update={**_with(update, live.drain()), "termination": termination, "error": capped(str(exc)),
+                                           "answer": ""})
 
 
 def _text(message: BaseMessage) -> str:
@@ -352,7 +366,6 @@ def build_episode() -> StateGraph:
     builder.add_node(setup)
     builder.add_node(agent)
     builder.add_node(tools)
-    builder.add_node(finalizer)
     builder.add_node(close)
     builder.add_edge(START, "setup")
     builder.add_edge("close", END)

@@ -293,3 +293,21 @@ def test_a_sandboxed_hook_looks_records_up_through_the_episode_and_never_writes(
     human = out["messages"][1].content
     assert "(price on file: 89.0)" in human and "'reserve' is not a read-only tool" in human
     assert out["messages"][3].content == "1 seen"  # the child's view holds the lookup too
+
+
+def test_a_revision_goes_back_to_the_model_with_the_finalizing_hooks_lookups_kept(tmp_path, context):
+    bundle = candidate(tmp_path, (
+        "    asked = False\n"
+        "    async def finalize(self, view, answer):\n"
+        "        found = await view.lookup('get_item', {'sku': 'DR-220'})\n"
+        "        if not self.asked:\n"
+        "            self.asked = True\n"
+        "            return Final(action='revise', text=f'The file says {found.output[\"price\"]}. Check it.')\n"
+        "        return Final(action='abstain', text='Not sure: ' + answer)\n"))
+    scripted.register("agent", ["It costs 5.", "It costs 89."])
+    out = _episode(str(bundle), context)
+    scripted.assert_consumed()
+    assert [type(m).__name__ for m in out["messages"]] == ["SystemMessage", "HumanMessage", "AIMessage", "HumanMessage", "AIMessage"]
+    assert out["messages"][3].content == "The file says 89.0. Check it."
+    assert [(o.tool, o.source) for o in out["observations"]] == [("get_item", "harness")] * 2  # one lookup per finalize
+    assert (out["answer"], out["termination"], out["turns"]) == ("Not sure: It costs 89.", "final_answer", 2)
