@@ -67,7 +67,10 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 # 0.1–0.8 min, building a candidate 3–5 min, a certified proposal 2–4 min) to about 3 hours; measured, one
 # co-evolution run took 96 minutes (H0's diagnosis and first round 50, the next two rounds 25 together, the
 # bench 21) with 24 H0 episodes reused from quick runs. Its pairs include quick's, so a harness's quick
-# episodes are reused from the rollout cache; like every run it resumes with `--run-id`.
+# episodes are reused from the rollout cache; like every run it resumes with `--run-id`. Every harness is scored
+# twice on the validation pairs (`gate_trials`): one candidate scored validation Abstain 1/6, 2/6 and 6/6 on three
+# trials of the same pairs. Measured with it: 2 rounds of co-evolution in 81 minutes (12 of H0's 24 validation
+# episodes reused, bench 20 H0 episodes included).
 PRESETS: dict[str, dict] = {
     "quick": {"train": 2, "validation": 6, "bench": 4, "tier": "short", "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
               "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "gate_trials": 1, "max_turns": 10},

@@ -160,6 +160,15 @@ def test_baselines_grow_the_pool_as_configured(context, env, growth, designs):
         assert [b["admitted"] for b in screens] == [1, 1] and not Ledger(context.ledger).batches(f"{run_id}-e2")
 
 
+def test_every_block_scores_the_validation_pairs_over_the_gate_trials(context):
+    register_models()
+    run_id, _ = asyncio.run(api.run_coevolution("H0", context, env="none", bench=[], **SETTINGS, gate_trials=2))
+    ledger = Ledger(context.ledger)
+    rounds = ledger.rounds(run_id)
+    assert len(rounds) == 2
+    assert [(ledger.run(r["validation_run"])["trials"], ledger.run(r["train_run"])["trials"]) for r in rounds] == [(2, 1)] * 2
+
+
 def journaled_roles(name: Path, store: str | None) -> Counter:
     if store:
         with psycopg.connect(store) as db:
