@@ -39,7 +39,7 @@ from graphs import api
 from graphs.api import split_pairs
 from graphs.coevolution import CONFIGS, PRESETS
 from state.metrics import LABELS, MIN_CI_PAIRS, NAMES, over_abstains, paired_difference
-from graphs.selection import GATE_LEVEL, gate_warning, min_pairs
+from graphs.selection import GATE_LEVEL, SPLIT, gate_warning, min_pairs
 from state.metrics import Metrics
 from graphs.progress import Lines, progress
 from graphs.report import (
@@ -709,8 +709,7 @@ def evolve_harness(args: argparse.Namespace) -> int:
     reachable(("--model", args.model), *role_specs(args, "judge_model", "analyst_model", "optimizer_model"))
     gate_split = validation if args.rule == "hera" else pool
     per_eval = 2 * (len(pool) + len(validation) + (args.gate_trials - 1) * len(gate_split))
-    warning = gate_warning(len(validation) if args.rule == "hera" else len(pool), args.gate_level,
-                           "validation" if args.rule == "hera" else "training")
+    warning = gate_warning(len(gate_split), args.gate_level, SPLIT[args.rule])
     if warning:
         say(f"[yellow]note:[/] {warning}")
     args.run_id = announce(args)

@@ -108,10 +108,9 @@ async def _evaluate(bundle: str, pairs: list[str], ctx: Context, run_id: str, tr
 async def _scores(bundle: str, state: HarnessEvolutionState, ctx: Context, name: str) -> tuple[RunScores, RunScores, list[FailureRecord], int]:
     """Training and validation scores, the gate's split with `gate_trials` trials: on a small model one trial of a
     harness can score Abstain 1/6 and the next 6/6, which a sign test over one trial's tasks cannot tell from a gain."""
-    trials = {SPLIT[state["rule"]]: state.get("gate_trials", 1)}
-    train, train_records = await _evaluate(bundle, state["pool"], ctx, f"{state['run_id']}-{name}-train", trials.get("training", 1))
-    validation, _ = await _evaluate(bundle, state["validation"], ctx, f"{state['run_id']}-{name}-validation",
-                                    trials.get("validation", 1))
+    trials = {split: state.get("gate_trials", 1) if split == SPLIT[state["rule"]] else 1 for split in ("training", "validation")}
+    train, train_records = await _evaluate(bundle, state["pool"], ctx, f"{state['run_id']}-{name}-train", trials["training"])
+    validation, _ = await _evaluate(bundle, state["validation"], ctx, f"{state['run_id']}-{name}-validation", trials["validation"])
     entries = await asyncio.to_thread(_entries, state["pool"], ctx)
     return train, validation, failure_records(train_records, entries), len(train_records)
 
