@@ -70,13 +70,19 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 # episodes are reused from the rollout cache; like every run it resumes with `--run-id`. Every harness is scored
 # twice on the validation pairs (`gate_trials`): one candidate scored validation Abstain 1/6, 2/6 and 6/6 on three
 # trials of the same pairs. Measured with it: 2 rounds of co-evolution in 81 minutes (12 of H0's 24 validation
-# episodes reused, bench 20 H0 episodes included).
+# episodes reused, bench 20 H0 episodes included). Its gate is at STANDARD_GATE_LEVEL: at 0.05 it needs 5 of the
+# 12 validation tasks better and none worse, and the candidates that did best in local runs (std2: 3 and 4 tasks
+# better, std3: 3, every one with none worse, Act up and Over-abstain down) were all turned away, so each round
+# started again from H0; at 1/8 three tasks better and none worse pass, one flipped pair (two tasks) still never
+# does, and the guards still stop a candidate that refuses more. The bench, untouched until the end, judges what
+# was adopted.
+STANDARD_GATE_LEVEL = 0.125
 PRESETS: dict[str, dict] = {
     "quick": {"train": 2, "validation": 6, "bench": 4, "tier": "short", "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
               "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "gate_trials": 1, "max_turns": 10},
     "standard": {"train": 4, "validation": 6, "bench": 10, "tier": "short", "rounds": 3, "proposers": 2, "batch_size": 2,
-                 "budget": 1, "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL,
-                 "gate_trials": 2, "max_turns": 10},
+                 "budget": 1, "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4,
+                 "gate_level": STANDARD_GATE_LEVEL, "gate_trials": 2, "max_turns": 10},
     "paper": {"train": 20, "validation": 15, "bench": None, "tier": "all", "rounds": 6, "proposers": 5, "batch_size": 5, "budget": 2,
               "max_refinements": 2, "candidates": 4, "review_rounds": 2, "tau": 0.4, "gate_level": GATE_LEVEL, "gate_trials": 1,
               "max_turns": None},
