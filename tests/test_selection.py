@@ -4,7 +4,8 @@ import pytest
 
 from graphs.harness_evolution import judge_candidate
 from state.metrics import RunScores, score
-from graphs.selection import gate_warning, judge, min_pairs, min_tasks, sign_test
+from graphs.coevolution import PRESETS
+from graphs.selection import GATE_LEVEL, gate_warning, judge, min_pairs, min_tasks, sign_test
 from state.evolution import LineageEntry
 from state.records import EpisodeKey, EpisodeRecord, Grade
 
@@ -118,6 +119,24 @@ def test_all_equal_and_ties_improve_nothing():
     base = same("done", "grounded")
     ok, reason, _ = judge(base, same("done", "grounded"), "hera")
     assert not ok and reason.startswith("no validation score improved")
+
+
+def test_the_standard_presets_gate_adopts_three_tasks_better_and_none_worse_but_not_one_flipped_pair():
+    # As measured (std3): act sides and a grounded abstention more on three tasks, nothing lost, p = 1/8, turned away
+    # at 0.05. One flipped pair (its two sides) is still turned away, and so is a candidate that refuses its way to
+    # grounded abstentions.
+    level = PRESETS["standard"]["gate_level"]
+    base = same("refused", "ungrounded")
+    three = scores({p: ("done" if i < 2 else "refused", "grounded" if i == 2 else "ungrounded") for i, p in enumerate(PAIRS)})
+    assert not judge(base, three, "hera", GATE_LEVEL)[0]
+    ok, reason, figures = judge(base, three, "hera", level)
+    assert ok and (figures["wins"], figures["losses"]) == (3, 0) and "sign test p = 0.125 ≤ 0.125" in reason
+    flipped = scores({p: ("done" if i == 0 else "refused", "grounded" if i == 0 else "ungrounded") for i, p in enumerate(PAIRS)})
+    ok, reason, figures = judge(base, flipped, "hera", level)
+    assert not ok and figures["wins"] == 2 and "did not pass the gate" in reason
+    refusing = scores({p: ("done" if i < 3 else "refused", "grounded") for i, p in enumerate(PAIRS)})
+    assert not judge(scores({p: ("done" if i < 3 else "failed", "ungrounded") for i, p in enumerate(PAIRS)}), refusing,
+                     "hera", level)[0]
 
 
 def test_a_gain_with_a_loss_elsewhere_is_weighed_by_the_test():
