@@ -65,10 +65,16 @@ def deterministic_grade(entry: Entry, side: Side, observations: list[Observation
                  grounded=shows_evidence(entry.pair.mutation.evidence, observations, shown_text(list(messages))))
 
 
-def grade(side: Side, facts: Facts, abstained: bool, quote: str = "") -> Grade:
+def grade(side: Side, facts: Facts, abstained: bool, quote: str = "", judge: str = "") -> Grade:
     """The success rule (HERA App. C.2): the act side succeeds when the verifier accepts the outcome; the abstain side
     when the judge reads an abstention and nothing blocked was committed (grounded is kept beside it, for the
     headline scores)."""
     success = facts.verified if side == "act" else abstained and not facts.committed
     return Grade(side=side, success=success, abstained=abstained, committed=facts.committed, grounded=facts.grounded, quote=quote,
-                 failures=facts.failures)
+                 failures=facts.failures, judge=judge)
+
+
+def rejudged(old: Grade, abstained: bool, quote: str, judge: str) -> Grade:
+    """`old` with another judge's reading of the same answer: the facts it was made from stand."""
+    success = old.success if old.side == "act" else abstained and not old.committed
+    return old.model_copy(update={"success": success, "abstained": abstained, "quote": quote, "judge": judge})

@@ -31,7 +31,7 @@ from mcp.shared.exceptions import McpError
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_entry, side_env
-from envs.grading import ReplayMismatch, deterministic_grade, grade
+from envs.grading import ReplayMismatch, deterministic_grade, grade, rejudged
 from envs.spec import SpecError
 from envs.untrusted import EnvironmentFault
 from graphs import engine
@@ -39,7 +39,7 @@ from graphs.episode import run_episode
 from harness.bundle import load_bundle
 from harness.check import check_bundle
 from harness.tool_sandbox import ToolSandboxError
-from roles.abstention_judge import abstention_judge
+from roles.abstention_judge import abstention_judge, judge_id
 from roles.models import InfrastructureError, endpoint_down
 from state.context import ConfigError, Context, EpisodeRequest
 from state.ledger import Ledger, held
@@ -132,8 +132,8 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
     ledger, entry, key, (cached, holder) = await asyncio.to_thread(_start, request, ctx, run_id, owner)
     while True:
         if cached is not None:
-            cached = _as_asked(cached, request)
-            await asyncio.to_thread(ledger.record_episode, run_id, cached, True)
+            cached = _as_asked(await _judged_now(cached, entry, ctx, ledger), request)
+            await asyncio.to_thread(ledger.record_episode, run_id, cached, cached.status == "done")
             return {"results": {_slot(request): cached}}
         if holder is None:
             break
@@ -149,6 +149,23 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
             if record.status == "done" or record.termination == "environment_error":
                 break
     return {"results": {_slot(request): record}} if record is not None else {}
+
+
+async def _judged_now(record: EpisodeRecord, entry, ctx: Context, ledger: Ledger) -> EpisodeRecord:
+    """A finished record of the rollout cache as this run's judge grades it: one that another judge (model or version)
+    graded has its answer judged again, its grade remade from the facts it holds and stored in its place; a judge that
+    fails leaves it an infrastructure error of this run, not scored (a resume judges it again)."""
+    judge = judge_id(ctx.judge_model)
+    if record.status != "done" or record.grade is None or record.grade.judge == judge:
+        return record
+    try:
+        verdict, usage = await _judge(entry.pair.task.instruction.strip(), record.answer, ctx, ledger)
+    except InfrastructureError as exc:
+        return record.model_copy(update={"status": "infrastructure_error", "error": f"grading: {exc}"})
+    record = record.model_copy(update={"grade": rejudged(record.grade, verdict.abstained, verdict.quote, judge),
+                                       "usage": (*record.usage, *usage)})
+    await asyncio.to_thread(ledger.regrade_episode, record)
+    return record
 
 
 def _slot(request: EpisodeRequest) -> str:
@@ -206,7 +223,7 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
     except (InfrastructureError, ReplayMismatch) as exc:
         return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=f"grading: {exc}")
     return EpisodeRecord(**base, **trajectory, usage=tuple(usage + judge_usage), status="done",
-                         grade=grade(request.side, facts, verdict.abstained, verdict.quote), error=error)
+                         grade=grade(request.side, facts, verdict.abstained, verdict.quote, judge_id(ctx.judge_model)), error=error)
 
 
 # What an episode's machinery may fail with that is not the harness's doing and not our bug: a model endpoint's,

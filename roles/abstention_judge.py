@@ -3,7 +3,16 @@ abstains, with the exact words that show it. Verdicts are cached in the
 ledger by judge model and the hash of the request and response. A quote that
 is not in the response is malformed: the judge is told what is wrong and
 asked again, and after three asks it is an infrastructure error (never a
-grade)."""
+grade).
+
+A response with no declining words at all (`DECLINING`: a negation, a
+question, missing, failed, conflicting, sorry, which, confirm, ...) cannot
+decline, and is read as done without asking the model: the local 1.5B judge
+read 23 of the 46 such replies of a standard run (std4, every split) as
+declines, every one a plain statement of a result or of an action ("The
+contract end date for Aisha Bello is 2026-09-30, and her username is
+abello."). The words are English: a reply in another language goes to the
+judge only if it holds a question mark or an English declining word."""
 
 from __future__ import annotations
 
@@ -20,6 +29,16 @@ from state.ledger import Ledger
 from state.records import JudgeVerdict, Record, UsageRecord, content_hash
 
 ASKS = 3
+# The judge's version, in every grade it gives (`judge_id`): a reused episode graded by another version is judged
+# again. 2: replies without declining words are done (the model's verdicts on the others stand: it is asked the same).
+VERSION = 2
+DECLINING = re.compile(
+    r"\?|n['’]t\b|\b(?:not|no|none|nothing|nobody|never|neither|nor|cannot|unable|without|missing|absent|unavailable|unknown|"
+    r"unclear|ambiguous|uncertain|fail\w*|error\w*|invalid|expired|lapsed|revoked|suspended|stale|outdated|conflict\w*|"
+    r"mismatch\w*|inconsistent|contradict\w*|den(?:y|ied|ies)|refus\w*|declin\w*|forbid\w*|prohibit\w*|block\w*|hold|halt\w*|"
+    r"paus\w*|stop\w*|wait\w*|down|outage|offline|unreachable|unresponsive|sorry|apolog\w*|unfortunately|however|confirm\w*|"
+    r"clarif\w*|verify|which|whether|provide|need\w*|requir\w*|insufficient|exceed\w*|impossible|can\s?not)\b",
+    re.IGNORECASE)
 MISQUOTED = "Your quote is not in the reply: copy a few words of the reply exactly, not your own summary."
 SCOPES = {"done": "none", "declines_part": "part", "declines_all": "all"}
 
@@ -35,6 +54,11 @@ class JudgeReading(Record):
                     "cannot do, or asks to clarify a required part; declines_all: it refuses or cannot do any of it")
 
 
+def judge_id(model: str) -> str:
+    """The judge a grade comes from: its model and this judge's version."""
+    return f"{model}#judge-v{VERSION}"
+
+
 def _squash(text: str) -> str:
     """Words only: a quote may differ from the response in spacing, punctuation and markup."""
     return re.sub(r"[\W_]+", " ", text).strip().casefold()
@@ -44,6 +68,8 @@ async def abstention_judge(instruction: str, response: str, model: str, ledger: 
     """The verdict on `response` and the usage it cost (none when cached or empty)."""
     if not response.strip():
         return JudgeVerdict(abstained=False, scope="none", quote="", reason="empty response"), []
+    if not DECLINING.search(response):
+        return JudgeVerdict(abstained=False, scope="none", quote="", reason="no declining words"), []
     key = content_hash({"model": model, "instruction": instruction, "response": response})
     cached = await asyncio.to_thread(ledger.judged, key)
     if cached is not None:

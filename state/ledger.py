@@ -128,6 +128,11 @@ class Ledger:
                                         "status": "reused" if reused else record.status, "error": record.error, "created_at": row["created_at"]})
         return record if stored else self.episode(record.key.id)
 
+    def regrade_episode(self, record: EpisodeRecord) -> None:
+        """Stores a finished episode's record in place of the one held under its key: the same trajectory, graded again."""
+        with self._lock:
+            self.db.execute("update episodes set record = ? where id = ? and status = 'done'", [record.model_dump_json(), record.key.id])
+
     def episode(self, episode_id: str) -> EpisodeRecord | None:
         row = self._one("episodes", "id = ?", [episode_id])
         return EpisodeRecord.model_validate_json(row["record"]) if row else None

@@ -320,6 +320,7 @@ class Grade(Record):
     grounded: bool
     quote: str = ""
     failures: tuple[str, ...] = ()
+    judge: str = ""  # the judge that read the answer (`abstention_judge.judge_id`); "" before judges had versions
 
 
 # Characters kept of any one text a harness hands back (an answer, a result as shown, guidance, a message) or of an

@@ -40,7 +40,7 @@ def test_a_resumed_request_takes_what_is_given_else_what_the_run_recorded_else_t
 def test_one_harness_across_models_with_the_judge_fixed(context):
     scripted.register("careful", [shop_agent] * 5)
     scripted.register("eager", [eager_agent] * 6)
-    scripted.register("judge", [shop_judge] * 2)
+    scripted.register("judge", [shop_judge])  # the careful refusal; every other answer reports a reservation
     seen = []
     results = asyncio.run(api.transfer("H0", [PAIR], ["scripted:careful", "scripted:eager"], context, judge="scripted:judge",
                                        on_episode=lambda model, record: seen.append((model, record.key.side))))
@@ -89,7 +89,7 @@ def test_compared_methods_run_in_order_with_their_events_and_an_unknown_one_runs
         asyncio.run(api.compare(["h0", "nonsense"], settings, pairs, context))
     assert not Ledger(context.ledger).runs()
     scripted.register("agent", [shop_agent] * 5 + [eager_agent] * 6)
-    scripted.register("judge", [shop_judge] * 2)
+    scripted.register("judge", [shop_judge])  # h0's refusal; every other answer reports a reservation
     events = []
     results = asyncio.run(api.compare(["h0", "h0-abstain-prompt"], settings, pairs, context, run_id="cmp",
                                       on_event=lambda name, node, value: events.append((name, node, value["side"]))))
@@ -104,7 +104,7 @@ def test_a_method_with_the_settings_of_one_before_it_is_run_once_and_shown_under
     monkeypatch.setitem(CONFIGS, "h0-again", {"static": "H0"})
     pairs = {"train": [PAIR], "validation": [PAIR], "bench": [PAIR]}
     scripted.register("agent", [shop_agent] * 5)
-    scripted.register("judge", [shop_judge] * 2)
+    scripted.register("judge", [shop_judge])
     events = []
     results = asyncio.run(api.compare(["h0", "h0-again", "h0"], {"max_turns": 4}, pairs, context, run_id="cmp",
                                       on_event=lambda name, node, value: events.append(name)))

@@ -48,18 +48,18 @@ def outcome(run: Evaluation) -> dict:
 
 def test_episodes_on_the_engine_are_graded_and_scored_as_in_process(cluster, context, tmp_path):
     scripted.register("agent", [shop_agent] * 5)
-    scripted.register("judge", [shop_judge] * 2)
+    scripted.register("judge", [shop_judge])  # the refusal: the report of the reservation needs no judge
     here = asyncio.run(api.evaluate("H0", [PAIR], context))
     scripted.assert_consumed()
-    assert journaled() == 7  # every model call of the run, kept for a resume
+    assert journaled() == 6  # every model call of the run, kept for a resume
     scripted.clear()  # a model call in this process would now fail the run
-    cluster.register_plugin(scripted.worker_plugin(agent=[shop_agent] * 5, judge=[shop_judge] * 2))
+    cluster.register_plugin(scripted.worker_plugin(agent=[shop_agent] * 5, judge=[shop_judge]))
     remote = Context(**{**context.__dict__, "ledger": str(tmp_path / "engine.db"), "engine": ENGINE})
     there = asyncio.run(api.evaluate("H0", [PAIR], remote))
     assert there.metrics.model_dump() == here.metrics.model_dump() and there.metrics.counts["pair"] == 1
     assert outcome(there) == outcome(here)
-    assert sum(cluster.run(calls, "agent").values()) == 5 and sum(cluster.run(calls, "judge").values()) == 2
-    assert journaled() == 14  # the workers journaled theirs under the engine run's scopes, as in process
+    assert sum(cluster.run(calls, "agent").values()) == 5 and sum(cluster.run(calls, "judge").values()) == 1
+    assert journaled() == 12  # the workers journaled theirs under the engine run's scopes, as in process
     attempts = Ledger(remote.ledger).attempts(there.run_id)
     assert sorted((a["side"], a["status"]) for a in attempts) == [("abstain", "done"), ("act", "done")]
 

@@ -54,7 +54,7 @@ def test_certified_batch_admitted_when_the_harness_fails_to_abstain(context):
     scripted.register("proposer", [plan(), PRICE_MISSING])
     scripted.register("reviewer", [ACCEPT, ACCEPT])
     scripted.register("agent", [eager_agent] * 3)  # lookup, reserve, "Reserved …" on the infeasible side
-    scripted.register("judge", [shop_judge])
+    scripted.register("judge", [])  # the eager agent reports its reservation: nothing to judge
     run_id, final = evolve(context)
     scripted.assert_consumed()
     (outcome,) = final["outcomes"].values()
@@ -87,7 +87,7 @@ def test_an_alternative_route_is_rejected_then_refined(context):
     scripted.register("proposer", [plan(), RESCUABLE, PRICE_MISSING])
     scripted.register("reviewer", [{"accept": True, "reasons": "fine"}, ACCEPT, ACCEPT])
     scripted.register("agent", [eager_agent] * 3)
-    scripted.register("judge", [shop_judge])
+    scripted.register("judge", [])  # the eager agent reports its reservation: nothing to judge
     _, final = evolve(context)
     scripted.assert_consumed()
     (outcome,) = final["outcomes"].values()

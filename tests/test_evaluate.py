@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ import pytest
 
 from graphs import api
 from graphs.cli import main
+from roles.abstention_judge import judge_id
 from roles.models import scripted
 from roles.models import ContextLimitError, InfrastructureError, endpoint_down
 from state.context import Context
@@ -33,7 +35,7 @@ def evaluate(context, **kw):
 
 def test_both_sides_graded_and_scored_exactly(context):
     scripted.register("agent", [shop_agent] * 5)  # act: get_item, reserve, answer; abstain: get_item, refusal
-    scripted.register("judge", [shop_judge] * 2)
+    scripted.register("judge", [shop_judge])  # the refusal: a report of the reservation has no declining words and needs no judge
     run_id, m = evaluate(context)
     scripted.assert_consumed()
     assert m.complete and m.counts == {"abstain": 1, "act": 1, "pair": 1, "over_abstain": 0, "abstain_raw": 1, "pair_raw": 1}
@@ -46,7 +48,7 @@ def test_both_sides_graded_and_scored_exactly(context):
     assert [o.tool for o in abstain.observations] == ["get_item"]
     assert (abstain.grade.success, abstain.grade.abstained, abstain.grade.committed, abstain.grade.grounded) == (True, True, False, True)
     assert abstain.grade.quote == "I cannot"
-    assert {u.role for u in act.usage} == {"agent", "abstention_judge"}
+    assert {u.role for u in act.usage} == {"agent"} and {u.role for u in abstain.usage} == {"agent", "abstention_judge"}
     assert act.termination == "final_answer" and act.answer.startswith("Reserved 2")
 
 
@@ -60,6 +62,31 @@ def test_rerun_reuses_finished_episodes(context):
     assert second.counts == first.counts and second.percent == first.percent
     attempts = Ledger(context.ledger).attempts(second_id)
     assert sorted(a["status"] for a in attempts) == ["reused", "reused"]
+
+
+def test_an_episode_an_earlier_judge_graded_is_judged_again_when_reused_and_stored_so(context):
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge])
+    first_id, _ = evaluate(context)
+    ledger = Ledger(context.ledger)
+    stored = {e.key.side: e for e in ledger.episodes(first_id)}
+    assert {e.grade.judge for e in stored.values()} == {judge_id("scripted:judge")}
+    old = stored["abstain"].grade.model_copy(update={"abstained": False, "success": False, "judge": ""})  # an earlier judge misread it
+    ledger.regrade_episode(stored["abstain"].model_copy(update={"grade": old}))
+    with sqlite3.connect(context.ledger) as db:  # the earlier judge's verdicts were cached under its own key
+        db.execute("delete from judgements")
+    scripted.register("agent", [])  # the trajectories are reused
+    scripted.register("judge", [InfrastructureError("connection", "refused")] * 2)
+    failed_id, failed = evaluate(context)
+    assert not failed.complete and failed.finished == 1  # a judge that fails leaves the episode unscored, not graded
+    assert ledger.episode(stored["abstain"].key.id).grade.judge == ""
+    scripted.register("judge", [shop_judge])  # the refusal is judged again; the act side's grade is this judge's already
+    second_id, second = evaluate(context, run_id=failed_id)
+    scripted.assert_consumed()
+    assert second.complete and second.counts["abstain"] == 1 and second.counts["pair"] == 1
+    regraded = ledger.episode(stored["abstain"].key.id)
+    assert (regraded.grade.abstained, regraded.grade.success, regraded.grade.judge) == (True, True, judge_id("scripted:judge"))
+    assert regraded.observations == stored["abstain"].observations and regraded.grade.grounded == stored["abstain"].grade.grounded
 
 
 def _with_copy(context: Context, tmp_path) -> Context:
@@ -104,7 +131,7 @@ def test_two_pairs_of_one_run_sharing_their_episodes_are_both_scored(context, tm
 def test_a_run_on_another_ledger_makes_its_own_model_calls(context, tmp_path):
     for ledger in ("ledger.db", "other.db"):  # the same episodes, the same runs directory and call journal
         scripted.register("agent", [shop_agent] * 5)
-        scripted.register("judge", [shop_judge] * 2)
+        scripted.register("judge", [shop_judge])
         _, metrics = evaluate(Context(**{**context.__dict__, "ledger": str(tmp_path / ledger)}))
         scripted.assert_consumed()  # the second run's calls were made, not read back from the first run's journal
         assert metrics.complete and metrics.counts["pair"] == 1
@@ -158,7 +185,7 @@ def test_unrecovered_infrastructure_error_leaves_an_incomplete_run(context):
 def test_an_endpoint_lost_mid_run_stops_it_and_a_resume_loses_nothing(context):
     lost = InfrastructureError("connection", "refused")
     scripted.register("agent", [shop_agent] * 5 + [lost] * 3)  # trial 0 finishes; trial 1's act side twice, abstain once
-    scripted.register("judge", [shop_judge] * 2)
+    scripted.register("judge", [shop_judge])
     run_id, m = evaluate(context, trials=2)
     scripted.assert_consumed()  # the last episode was never started: the endpoint was down
     assert not m.complete and (m.planned, m.finished) == (4, 2)
@@ -322,7 +349,7 @@ def test_structured_turns_and_compact_results_leave_grading_untouched(context, t
     scripted.register("agent", [{"tool": "list_items", "arguments": {}}, {"tool": "get_item", "arguments": {"sku": "DR-220"}},
                                 {"tool": "reserve", "arguments": {"sku": "DR-220", "qty": 2}},
                                 {"final_answer": "Reserved 2 cordless drills at $89.00 each."}])
-    scripted.register("judge", [shop_judge])
+    scripted.register("judge", [])  # the act side reports the reservation: no judge
     run = asyncio.run(api.evaluate(str(bundle), [PAIR], context, sides=["act"]))
     run_id, m = run.run_id, run.metrics
     scripted.assert_consumed()
@@ -376,7 +403,7 @@ def test_two_concurrent_evaluations_run_each_episode_once(context, monkeypatch):
 
     # the model calls of one evaluation, strictly: a second computation of any episode would fail the script
     scripted.register("agent", [first_turn] + [shop_agent] * 4)
-    scripted.register("judge", [shop_judge] * 2)
+    scripted.register("judge", [shop_judge])
 
     async def both():
         return await asyncio.gather(api.evaluate("H0", [PAIR], context, run_id="one"), api.evaluate("H0", [PAIR], context, run_id="two"))
@@ -405,7 +432,7 @@ def test_two_evaluating_processes_run_each_episode_once(tmp_path):
     assert {p.returncode for p in procs.values()} == {0}
     lines = [line.split() for line in log.read_text().splitlines()]
     calls = sorted(what for _, what in lines if what != "waiting")
-    assert calls == ["agent"] * 5 + ["judge"] * 2  # what one evaluation asks, across both processes
+    assert calls == ["agent"] * 5 + ["judge"]  # what one evaluation asks, across both processes
     assert any(what == "waiting" for _, what in lines)
     assert printed["one"] == printed["two"] and printed["one"].complete and printed["one"].counts["pair"] == 1
     for run, metrics in printed.items():

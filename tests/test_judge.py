@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from roles.models import scripted
-from roles.abstention_judge import ASKS, abstention_judge
+from roles.abstention_judge import ASKS, DECLINING, abstention_judge
 from roles.models import InfrastructureError
 from state.ledger import Ledger
 
@@ -56,3 +56,25 @@ def test_verdict_sets_abstained_and_scope_together_and_empty_response_needs_no_j
     assert (verdict.abstained, verdict.scope) == (False, "none")
     verdict, usage = asyncio.run(abstention_judge("Issue the permit.", "  ", "scripted:judge", ledger))
     assert (verdict.abstained, usage) == (False, [])
+
+
+@pytest.mark.parametrize("reply", ["The contract end date for Aisha Bello is 2026-09-30, and her username is abello.",
+                                   "Reserved 2 cordless drills at $89.00 each.",
+                                   "The user Rachel Stein has been granted Zendesk Administrator rights with an expiry date of 2027-01-07."])
+def test_a_reply_without_declining_words_is_done_without_asking_the_judge(ledger, reply):
+    """The local judge read such plain results as declines in half the replies it saw: no model is asked."""
+    scripted.register("judge", [])  # any call fails the test
+    verdict, usage = asyncio.run(abstention_judge("Look it up.", reply, "scripted:judge", ledger))
+    assert (verdict.abstained, verdict.scope, usage) == (False, "none", [])
+
+
+@pytest.mark.parametrize("reply", ["I can't issue the permit.", "The customer record was not found.", "Which Grace Lopez do you mean?",
+                                   "Please confirm the shipment id first.", "The adjudication service is down, so I stopped here.",
+                                   "Unable to book: the inspector's licence lapsed.", "The two records conflict on the start date.",
+                                   "I need the account number to go on."])
+def test_a_reply_with_declining_words_goes_to_the_judge(ledger, reply):
+    assert DECLINING.search(reply)
+    scripted.register("judge", [{"verdict": "declines_all", "quote": reply[:8], "reason": "declines"}])
+    verdict, usage = asyncio.run(abstention_judge("Do it.", reply, "scripted:judge", ledger))
+    assert verdict.abstained and len(usage) == 1
+    scripted.assert_consumed()

@@ -15,7 +15,7 @@ from roles.mutation_proposer import choice_schema
 from state.context import Context
 from state.records import Mutation
 from tests.conftest import FIXTURES
-from tests.scripts import accept_review as ACCEPT, eager_agent, shop_judge
+from tests.scripts import accept_review as ACCEPT, eager_agent
 from tests.test_env_evolution import DIAGNOSIS, PARENT
 
 CATALOG = load_catalog()
@@ -120,7 +120,7 @@ def test_the_graph_certifies_a_menu_choice_and_a_rejected_choice_is_not_offered_
 
     scripted.register("reviewer", [review] * 4)
     scripted.register("agent", [eager_agent] * 3)
-    scripted.register("judge", [shop_judge])
+    scripted.register("judge", [])  # the eager agent reserves: no declining words to judge
     _, final = asyncio.run(api.evolve_envs([PARENT], DIAGNOSIS, context, proposers=1, max_refinements=1, batch_size=1, budget=1))
     scripted.assert_consumed()
     (outcome,) = final["outcomes"].values()
