@@ -2,6 +2,7 @@
 there; a bad or unreachable store is named (without its password) before anything runs."""
 
 import json
+import os
 
 import psycopg
 import pytest
@@ -15,7 +16,11 @@ from tests.scripts import shop_agent, shop_judge
 
 @pytest.fixture(autouse=True)
 def no_store(monkeypatch):
-    monkeypatch.delenv("HERA_STORE", raising=False)  # `--store` sets it for the process: restored after each test
+    """`--store` sets HERA_STORE for the process: unset before each test and after it (a delenv of an unset variable
+    restores nothing, and the store a test gave leaked into every test after it), then what it was restored."""
+    monkeypatch.delenv("HERA_STORE", raising=False)
+    yield
+    os.environ.pop("HERA_STORE", None)
 
 
 def evaluate(capsys, *argv, run: tuple[str, ...] = ("--pairs", "shop-reserve-drill")) -> tuple[int, str, str]:
