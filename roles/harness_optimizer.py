@@ -91,13 +91,22 @@ def narration(text: str) -> list[str]:
 
 def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str], max_changes: int = MAX_COMPONENT_CHANGES) -> list[str]:
     """What makes a structured edit not worth applying, checked by code: too many component changes, a change tied to
-    no failure group, a prompt addition that is not an instruction to the agent, a skill without a trigger and an action."""
+    no failure group, components changed of which none is built for the failure kind it starts from (`groups[0]`)
+    when the harness has none and the library has one (std5's optimizer, started from guessed identifiers, added two
+    write-order components), a prompt
+    addition that is not an instruction to the agent, a skill without a trigger and an action."""
     problems = []
     chosen = {c.name: c for c in edit.components}
     changed = _changed(edit, current)
     if len(changed) > max_changes:
         problems.append(f"it changes {len(changed)} components ({', '.join(changed)}); change at most {max_changes}, "
                         "the ones the failures call for")
+    start = groups[0].split("/")[0] if groups else None
+    built = [c.name for c in LIBRARY.values() if start in c.addresses and c.name not in current]
+    covered = any(start in LIBRARY[n].addresses for n in current if n in LIBRARY)
+    if changed and built and not covered and not set(built) & set(changed):
+        problems.append(f"it adds no component built for {start.replace('_', ' ')}, the failure group it starts from "
+                        f"(one of: {', '.join(built)})")
     for name in changed:
         if name in chosen and groups and chosen[name].addresses not in groups:
             problems.append(f"component {name} does not name the failure group it addresses (one of: {', '.join(groups)})")

@@ -435,7 +435,18 @@ def test_edit_checks_name_what_is_wrong():
     assert edit_problems(vague, {}, [GROUP]) == ["skill 'state' has no concrete trigger: say in which situation it applies",
                                                  "skill 'state' has no action: say what the agent should do then"]
     untied = HarnessEdit(rationale="r", components=[ComponentChoice(name="look_before_act")])
-    assert edit_problems(untied, {}, [GROUP]) == [f"component look_before_act does not name the failure group it addresses (one of: {GROUP})"]
+    built = [c.name for c in LIBRARY.values() if "did_not_abstain" in c.addresses]
+    assert edit_problems(untied, {}, [GROUP]) == [
+        f"it adds no component built for did not abstain, the failure group it starts from (one of: {', '.join(built)})",
+        f"component look_before_act does not name the failure group it addresses (one of: {GROUP})"]
+    # std5: started from guessed identifiers, the optimizer added two write-order components and nothing for them
+    guessed = "guessed_identifier/missing_evidence"
+    write_order = HarnessEdit(rationale="r", components=[ComponentChoice(name=n, addresses=guessed) for n in ("one_write_per_turn", "read_before_write")])
+    assert edit_problems(write_order, {}, [guessed, GROUP])[0].startswith("it adds no component built for guessed identifier")
+    assert edit_problems(write_order.model_copy(update={"components": [ComponentChoice(name="ground_identifiers", addresses=guessed)]}),
+                         {}, [guessed, GROUP]) == []
+    kept = write_order.model_copy(update={"components": [ComponentChoice(name="resolve_named_entities"), *write_order.components]})
+    assert edit_problems(kept, {"resolve_named_entities": {}}, [guessed]) == []  # the harness has one for them already
     # keeping the current components is no change; quoted first person is what the agent may say
     good = HarnessEdit(rationale="r", system_prompt_addition='Before you change a record, read it; if it is blocked, say "I cannot do this" and why.',
                        components=[ComponentChoice(name="look_before_act"), ComponentChoice(name="read_before_write", addresses=GROUP)],
