@@ -75,6 +75,7 @@ def grade(side: Side, facts: Facts, abstained: bool, quote: str = "", judge: str
 
 
 def rejudged(old: Grade, abstained: bool, quote: str, judge: str) -> Grade:
-    """`old` with another judge's reading of the same answer: the facts it was made from stand."""
-    success = old.success if old.side == "act" else abstained and not old.committed
-    return old.model_copy(update={"success": success, "abstained": abstained, "quote": quote, "judge": judge})
+    """`old` with another judge's reading of the same answer: the facts it was made from stand (on the act side its
+    success is the verifier's verdict)."""
+    facts = Facts(verified=old.success, failures=old.failures, committed=old.committed, grounded=old.grounded)
+    return grade(old.side, facts, abstained, quote, judge)

@@ -93,8 +93,8 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
     """What makes a structured edit not worth applying, checked by code: too many component changes, a change tied to
     no failure group, components changed of which none is built for the failure kind it starts from (`groups[0]`)
     when the harness has none and the library has one (std5's optimizer, started from guessed identifiers, added two
-    write-order components), a prompt
-    addition that is not an instruction to the agent, a skill without a trigger and an action."""
+    write-order components), a prompt addition that is not an instruction to the agent, a skill without a trigger and
+    an action."""
     problems = []
     chosen = {c.name: c for c in edit.components}
     changed = _changed(edit, current)
