@@ -102,7 +102,7 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
         problems.append(f"it changes {len(changed)} components ({', '.join(changed)}); change at most {max_changes}, "
                         "the ones the failures call for")
     start = groups[0].split("/")[0] if groups else None
-    built = [c.name for c in LIBRARY.values() if start in c.addresses and c.name not in current]
+    built = built_for(start, current)
     covered = any(start in LIBRARY[n].addresses for n in current if n in LIBRARY)
     if changed and built and not covered and not set(built) & set(changed):
         problems.append(f"it adds no component built for {start.replace('_', ' ')}, the failure group it starts from "
@@ -265,11 +265,16 @@ def apply_edit(staging: Path, edit: HarnessEdit) -> list[str]:
     return notes
 
 
+def built_for(kind: str | None, current: dict[str, dict]) -> list[str]:
+    """The library's components built for failure `kind` that the harness (its `current` components) lacks."""
+    return [c.name for c in LIBRARY.values() if kind in c.addresses and c.name not in current]
+
+
 def nothing_changed(kind: str | None, current: dict[str, dict]) -> str:
     """Why an edit that leaves the harness as it was is rejected, with the components built for the failure kind the
     candidate starts from that the harness lacks (the local model, told only that its edit changed nothing, sent the
     same list of current components back)."""
-    missing = [c.name for c in LIBRARY.values() if kind in c.addresses and c.name not in current]
+    missing = built_for(kind, current)
     return "it changes nothing in the harness" + (
         f"; components built for {kind.replace('_', ' ')} that it does not have: {', '.join(missing)}" if missing else "")
 
