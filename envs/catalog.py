@@ -13,6 +13,7 @@ import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from envs.mutation import apply_mutation
@@ -126,6 +127,13 @@ def load_entry(pair_id: str, root: Path | str = CATALOG) -> Entry:
         env = load_environment(path.parent.parent)
         return Entry(pair=load_pair(path, env), env=env, path=path)
     raise KeyError(f"no pair {pair_id!r} in {root}")
+
+
+@lru_cache(maxsize=4096)
+def run_entry(run: str, pair_id: str, root: Path | str = CATALOG) -> Entry:
+    """`load_entry` as the first episode of run `run` in this process read it: every episode of a run is keyed by the
+    same files, and they are not walked again for each."""
+    return load_entry(pair_id, root)
 
 
 def _duplicate(path: Path, pair_id: str, other: Path) -> None:

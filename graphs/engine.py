@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from envs.catalog import Entry, load_entry
+from envs.catalog import Entry, load_entry, run_entry
 from roles.models import reset_endpoints
 from state.context import ConfigError, Context, EpisodeRequest
 from state.journal import call_scope, current_scope, run_thread
@@ -278,6 +278,10 @@ def _worker_loop() -> asyncio.AbstractEventLoop:
 
 
 async def _attempt_here(run: Attempt, job: Job) -> EpisodeRecord:
-    entry, ledger = await asyncio.to_thread(lambda: (load_entry(job.request.pair_id, job.ctx.catalog), Ledger(job.ctx.ledger)))
+    def load() -> Entry:  # once a run, as in process (`run_entry`)
+        pair, catalog = job.request.pair_id, job.ctx.catalog
+        return run_entry(job.thread, pair, catalog) if job.thread else load_entry(pair, catalog)
+
+    entry, ledger = await asyncio.to_thread(lambda: (load(), Ledger(job.ctx.ledger)))
     with call_scope(job.scope) if job.scope else nullcontext():
         return await run(entry, job.request, job.key, job.ctx, ledger, job.episode_id, thread=job.thread)

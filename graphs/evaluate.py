@@ -31,7 +31,7 @@ from langgraph.types import Send
 from mcp.shared.exceptions import McpError
 from typing_extensions import NotRequired, TypedDict
 
-from envs.catalog import Entry, load_entry, side_env
+from envs.catalog import load_entry, run_entry, side_env
 from envs.grading import ReplayMismatch, deterministic_grade, grade, rejudged
 from envs.spec import SpecError
 from envs.untrusted import EnvironmentFault
@@ -184,22 +184,16 @@ def _as_asked(record: EpisodeRecord, request: EpisodeRequest) -> EpisodeRecord:
     return record.model_copy(update={"pair_id": request.pair_id, "bundle": request.bundle})
 
 
-# A run's pairs and bundle as its first episode in this process read them: every episode of the run is keyed by the
-# same files, and the files are not walked again for each of them.
-@lru_cache(maxsize=4096)
-def _run_entry(run_id: str, pair_id: str, catalog) -> Entry:
-    return load_entry(pair_id, catalog)
-
-
 @lru_cache(maxsize=256)
 def _run_bundle_hash(run_id: str, bundle: str) -> str:
+    """The bundle's hash as the run's first episode in this process read it (`run_entry`)."""
     return load_bundle(bundle).hash
 
 
 def _start(request: EpisodeRequest, ctx: Context, run_id: str, owner: str):
     """In one trip off the event loop: the ledger, the pair, the rollout-cache key, and the episode's cached record or
     the holder of its claim (`Ledger.claim_episode`)."""
-    ledger, entry = Ledger(ctx.ledger), _run_entry(run_id, request.pair_id, ctx.catalog)
+    ledger, entry = Ledger(ctx.ledger), run_entry(run_id, request.pair_id, ctx.catalog)
     key = EpisodeKey(harness_hash=_run_bundle_hash(run_id, request.bundle), env_hash=side_env(entry, request.side).hash,
                      task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial,
                      max_turns=ctx.max_turns)
