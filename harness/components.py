@@ -388,7 +388,12 @@ COMMON = frozenset("""a an the i i'm i've we we're you he she it they my our you
 can could would will should may might must do does did is are was were be been am has have had not no yes if then when where
 which who whom what why how also and or but so for to of in on at by with from as hi hello thanks thank dear monday tuesday
 wednesday thursday friday saturday sunday january february march april may june july august september october november
-december today tomorrow yesterday morning afternoon evening spring summer fall autumn winter dr mr mrs ms prof""".split())
+december today tomorrow yesterday morning afternoon evening spring summer fall autumn winter dr mr mrs ms prof
+i'd i'll we'd we'll you'd you'll they'd they'll he'd she'd it's let's that's there's what's don't can't won't
+before after once while since because until unless though although there here now just only all any each every some
+both either per about id tell book check pick select choose let find get give send show list make confirm cancel
+update schedule issue look see use following""".split())
+JOINED = re.compile(r"\s+(?:and|&)\s+")
 
 
 def _term(text: str) -> str:
@@ -399,12 +404,19 @@ def _term(text: str) -> str:
     return " ".join(w for w in words if w)
 
 
+def _parts(phrase: str) -> list[str]:
+    """A capitalised phrase, or the names it joins with "and" or "&" when each side has two words or more ("Amara
+    Osei and Lucas Brandt"; "Whitmore & Hale" and "Heating & Air" stay whole)."""
+    sides = JOINED.split(phrase)
+    return sides if len(sides) > 1 and all(len(s.split()) >= 2 for s in sides) else [phrase]
+
+
 def request_terms(instruction: str, limit: int = 6) -> list[str]:
     """What a request names that a search could find: quoted text, record keys and capitalised phrases, in order."""
     terms: list[str] = []
     found = [m.group(1) or m.group(2) for m in QUOTED.finditer(instruction)]
     found += [t for t in re.findall(r"[A-Za-z0-9][\w\-/#]*[A-Za-z0-9]", instruction) if KEY_SHAPE.match(t) and not NOT_A_KEY.match(t)]
-    found += [m.group(0) for m in CAPITALISED.finditer(instruction)]
+    found += [part for m in CAPITALISED.finditer(instruction) for part in _parts(m.group(0))]
     for raw in found:
         term = _term(raw)
         if len(term) >= 3 and term.casefold() not in (t.casefold() for t in terms):
@@ -412,18 +424,18 @@ def request_terms(instruction: str, limit: int = 6) -> list[str]:
     return terms[:limit]
 
 
-SEARCH_ARGS = ("query", "name", "q", "search", "text", "keyword", "keywords", "term")
+SEARCH_ARGS = re.compile(r"^(?:query|q|search|text|keywords?|term|location|address)$|(?:^|_)name$")
 
 
 def search_tools(view: EpisodeView) -> list[tuple[ToolInfo, str]]:
-    """Read-only tools that search by free text and need nothing else: (tool, its text argument)."""
+    """Read-only tools that search by free text and need nothing else: (tool, a text argument), for each of its text
+    arguments (a query, a name, an applicant's name, an address, a location)."""
     found = []
     for t in _read_tools(view):
         props = t.input_schema.get("properties", {})
         required = set(t.input_schema.get("required", ()))
-        text = [k for k, v in props.items() if k in SEARCH_ARGS and v.get("type", "string") == "string" and "enum" not in v]
-        if text and required <= {text[0]}:
-            found.append((t, text[0]))
+        text = [k for k, v in props.items() if SEARCH_ARGS.search(k) and v.get("type", "string") == "string" and "enum" not in v]
+        found += [(t, arg) for arg in text if required <= {arg}]
     return found
 
 

@@ -25,6 +25,7 @@ from harness.components import (
     ReportTheChange,
     ResolveNamedEntities,
     request_terms,
+    search_tools,
     CheckRelatedAuthorization,
     ConfirmFinalDecision,
     FinalCheck,
@@ -264,6 +265,23 @@ def test_resolve_named_entities_looks_up_names_and_reads_the_records_found():
     assert "Oak Street\"}) ->" not in v.instruction  # empty results are not shown
     assert request_terms("Dr. Castellanos asked us to raise the cap on her Renaissance art section; email 'Lab A' at 9:30.") == [
         "Lab A", "Castellanos", "Renaissance"]
+
+
+def test_request_terms_drop_sentence_openers_and_split_two_names_joined_by_and():
+    assert request_terms("We'd like to use Cascade Comfort Heating & Air. Before I call them, check their CCB-7 licence.") == [
+        "CCB-7", "Cascade Comfort Heating & Air"]
+    assert request_terms("Amara Osei and Lucas Brandt signed with Whitmore & Hale. Tell me when.") == [
+        "Amara Osei", "Lucas Brandt", "Whitmore & Hale"]
+
+
+def test_search_tools_take_names_addresses_and_locations_but_not_a_tool_that_needs_more():
+    schema = lambda props, required=(): {"properties": {k: {"type": "string"} for k in props}, "required": list(required)}  # noqa: E731
+    permits = ToolInfo(name="search_permits", description="", read_only=True, input_schema=schema(["applicant_name", "address", "status"]))
+    weather = ToolInfo(name="resolve_point", description="", read_only=True, input_schema=schema(["location"], ["location"]))
+    slots = ToolInfo(name="list_slots", description="", read_only=True, input_schema=schema(["name", "date"], ["name", "date"]))
+    view = EpisodeView(instruction="", context="", tools=[permits, weather, slots], config=HarnessConfig(), prompts={}, skills={})
+    assert [(t.name, arg) for t, arg in search_tools(view)] == [
+        ("search_permits", "applicant_name"), ("search_permits", "address"), ("resolve_point", "location")]
 
 
 def test_read_before_write_reads_the_record_first_and_then_lets_the_write_through():
