@@ -405,10 +405,13 @@ def _term(text: str) -> str:
 
 
 def _parts(phrase: str) -> list[str]:
-    """A capitalised phrase, or the names it joins with "and" or "&" when each side has two words or more ("Amara
-    Osei and Lucas Brandt"; "Whitmore & Hale" and "Heating & Air" stay whole)."""
-    sides = JOINED.split(phrase)
-    return sides if len(sides) > 1 and all(len(s.split()) >= 2 for s in sides) else [phrase]
+    """The names in a capitalised phrase: split after a possessive ("Lena Hoffmann's VPN"), and where it joins names
+    of two words or more with "and" or "&" ("Amara Osei and Lucas Brandt"; "Whitmore & Hale" stays whole)."""
+    parts = []
+    for owned in re.split(r"(?<=['’]s)\s+", phrase):
+        sides = JOINED.split(owned)
+        parts += sides if len(sides) > 1 and all(len(s.split()) >= 2 for s in sides) else [owned]
+    return parts
 
 
 def request_terms(instruction: str, limit: int = 6) -> list[str]:

@@ -270,8 +270,8 @@ def test_resolve_named_entities_looks_up_names_and_reads_the_records_found():
 def test_request_terms_drop_sentence_openers_and_split_two_names_joined_by_and():
     assert request_terms("We'd like to use Cascade Comfort Heating & Air. Before I call them, check their CCB-7 licence.") == [
         "CCB-7", "Cascade Comfort Heating & Air"]
-    assert request_terms("Amara Osei and Lucas Brandt signed with Whitmore & Hale. Tell me when.") == [
-        "Amara Osei", "Lucas Brandt", "Whitmore & Hale"]
+    assert request_terms("Amara Osei and Lucas Brandt signed with Whitmore & Hale. Tell me when Lena Hoffmann's VPN ends.") == [
+        "Amara Osei", "Lucas Brandt", "Whitmore & Hale", "Lena Hoffmann", "VPN"]
 
 
 def test_search_tools_take_names_addresses_and_locations_but_not_a_tool_that_needs_more():
