@@ -1148,7 +1148,7 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("run_id", metavar="RUN")
     rs.add_argument("--json", action="store_true")
     rs.set_defaults(run=runs_show)
-    rc = runs.add_parser("compare", help="two runs on the same pairs: scores, paired differences with 95% intervals, cost")
+    rc = runs.add_parser("compare", help="two runs on the same pairs: scores, paired differences with 95%% intervals, cost")
     rc.add_argument("before", metavar="RUN_A")
     rc.add_argument("after", metavar="RUN_B")
     rc.add_argument("--json", action="store_true")

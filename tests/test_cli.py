@@ -39,6 +39,21 @@ def test_usage_errors_exit_2(capsys, tmp_path):
     assert run(capsys, tmp_path, "envs", "certify")[0] == 2
 
 
+def test_every_command_prints_its_help():
+    """`hera runs --help` once raised TypeError: a literal '%' in a help string is a format directive to argparse."""
+    from graphs.cli import parser
+
+    def walk(p):
+        yield p
+        for action in p._subparsers._group_actions if p._subparsers else ():
+            for sub in action.choices.values():
+                yield from walk(sub)
+
+    helps = {p.prog: p.format_help() for p in walk(parser())}
+    assert "hera runs compare" in helps and "95% intervals" in helps["hera runs"]
+    assert all(text.startswith("usage: ") for text in helps.values())
+
+
 def test_broken_spec_names_file_and_field(capsys, tmp_path):
     broken = tmp_path / "catalog" / "shop"
     shutil.copytree(FIXTURES / "shop", broken)
