@@ -256,7 +256,7 @@ async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Contex
     """Chooses this round's proposal targets from the diagnosis; writes `targets`, `design_round`, `usage`."""
     ctx, parents, n = runtime.context, state["parents"], state["proposers"]
     round_ = state.get("design_round", 0) + 1
-    weak = [g.category for g in state["diagnosis"].groups] or list(CATEGORIES)
+    weak = [g.category for g in state["diagnosis"].groups if g.category in CATEGORIES] or list(CATEGORIES)
     source = state.get("source", "")
     entries = await asyncio.to_thread(lambda: [load_parent(p, source or ctx.catalog) for p in parents])
     summaries = {e.id: f"{e.env.description.strip().splitlines()[0]} Task: {e.task.instruction.strip()}" for e in entries}

@@ -14,7 +14,7 @@ from envs.catalog import Entry
 from harness.components import guessed_calls, without_examples
 from prompts import render
 from roles.models import chat_model
-from state.evolution import Diagnosis, FailureGroup, FailureKind, FailureRecord, GroupCause
+from state.evolution import FEASIBLE, Diagnosis, FailureGroup, FailureKind, FailureRecord, GroupCause
 from state.records import EpisodeRecord, UsageRecord
 
 MAX_EXAMPLES = 3
@@ -75,7 +75,7 @@ def failure_records(records: list[EpisodeRecord], entries: dict[str, Entry]) -> 
         calls = tuple(_cut(f"{o.tool}({json.dumps(o.args, default=str)}) -> {o.text}", 300) for o in r.observations)
         last = tuple(_cut(f"{m.get('type', '?')}: {m.get('data', {}).get('content', '')}") for m in r.messages[-3:])
         out.append(FailureRecord(
-            pair_id=r.pair_id, task_id=r.key.task_id, side=r.key.side, kind=kind, category=entry.pair.mutation.category,
+            pair_id=r.pair_id, task_id=r.key.task_id, side=r.key.side, kind=kind, category=entry.pair.mutation.category if r.key.side == "abstain" else FEASIBLE,
             termination=r.termination, instruction=entry.pair.task.instruction.strip(), calls=calls,
             answer=_cut(r.answer), last_messages=last, guesses=guesses[:MAX_EXAMPLES],
         ))
@@ -83,7 +83,10 @@ def failure_records(records: list[EpisodeRecord], entries: dict[str, Entry]) -> 
 
 
 def group_failures(failures: list[FailureRecord]) -> list[tuple[FailureGroup, list[FailureRecord]]]:
-    """Groups by (kind, category): recurring groups first, then larger groups, then by key."""
+    """Groups by (kind, category): recurring groups first, then larger groups, then by key. A failure on a feasible
+    task has the category FEASIBLE, not its twin's mutation: filed under the mutation, the seven failures of std6's
+    harness-only block on four training pairs made seven groups of one, the alphabet put did_not_abstain first, and
+    its candidate (read_before_write) lost the one feasible task H0 completed."""
     grouped: dict[tuple[str, str], list[FailureRecord]] = {}
     for f in failures:
         grouped.setdefault(f.key, []).append(f)

@@ -16,6 +16,9 @@ FailureKind = Literal["did_not_abstain", "ungrounded_abstain", "over_abstained",
 Component = Literal["prompts", "config", "components", "skills", "memory", "control_logic", "subagents"]
 
 
+FEASIBLE = "feasible"  # the category of a failure on a feasible task, whose twin's mutation says nothing about it
+
+
 class FailureRecord(Record):
     """One failed episode, as the failure analyst reads it."""
 

@@ -37,7 +37,7 @@ from roles.harness_optimizer import (
 )
 from roles.models import InfrastructureError
 from state.context import Context
-from state.evolution import ComponentChoice, Diagnosis, FailureGroup, FailureRecord, HarnessEdit, ModificationSpec, Skill
+from state.evolution import FEASIBLE, ComponentChoice, Diagnosis, FailureGroup, FailureRecord, HarnessEdit, ModificationSpec, Skill
 from state.ledger import Ledger
 from tests.conftest import FIXTURES
 from tests.scripts import eager_agent, shop_judge, tied
@@ -587,8 +587,29 @@ def test_a_give_up_after_guessed_ids_is_its_own_failure_kind():
                              observations=observations) for observations in ((guess,), ())]
     guessed, plain = failure_records(records, entries)
     assert (guessed.kind, guessed.guesses) == ("guessed_identifier", ("get_record(record_id='ZQ-98765')",))
-    assert plain.kind == "over_abstained"
+    assert plain.kind == "over_abstained" and plain.category == guessed.category == FEASIBLE
     assert "Calls on ids it had seen nowhere (guessed), which failed or found nothing: get_record(record_id='ZQ-98765')" in describe([guessed])
+
+
+def test_failures_on_feasible_tasks_group_by_kind_whatever_their_twins_mutation():
+    """Filed under the twin's mutation, over-abstentions on two pairs of different categories made two groups of one."""
+    from roles.failure_analyst import failure_records
+    from state.records import EpisodeKey, EpisodeRecord, Grade
+
+    entries = load_catalog()
+    by_category = {e.pair.mutation.category: p for p, e in entries.items()}
+    pairs = list(by_category.values())[:2]
+    assert len({entries[p].pair.mutation.category for p in pairs}) == 2
+
+    def record(pair: str, side: str) -> EpisodeRecord:
+        key = EpisodeKey(harness_hash="h", env_hash="e", task_id=entries[pair].pair.task.id, side=side, model="m", seed=0, trial=0)
+        grade = Grade(side=side, success=False, abstained=side == "act", committed=side == "abstain", grounded=False)
+        return EpisodeRecord(key=key, pair_id=pair, bundle="b", status="done", termination="final_answer", grade=grade)
+
+    failures = failure_records([record(p, side) for p in pairs for side in ("act", "abstain")], entries)
+    groups = [(g.kind, g.category, len(m), g.recurring) for g, m in group_failures(failures)]
+    assert groups[0] == ("over_abstained", FEASIBLE, 2, True)
+    assert sorted(groups[1:]) == sorted((f.kind, entries[f.pair_id].pair.mutation.category, 1, False) for f in failures if f.side == "abstain")
 
 
 def test_the_catalog_puts_the_components_built_for_the_diagnosed_failures_first():
