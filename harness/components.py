@@ -549,9 +549,11 @@ class CallBeforeAnswering(Component):
 
 class CheckChangeMade(Component):
     name = "check_change_made"
-    addresses = ('over_abstained',)
-    summary = ("when the agent answers without any state-changing call having succeeded, asks it once whether the request "
-               "needed a change it has not made yet")
+    # wrong_answer too: two of the five wrong answers of std6's adopted candidate on validation came with no change
+    # call at all, one of them saying the change was approved
+    addresses = ('over_abstained', 'wrong_answer')
+    summary = ("when the agent answers without any state-changing call having succeeded (a refusal, or a reply that says "
+               "the change was made), asks it once whether the request needed a change it has not made yet")
 
     async def finalize(self, view, answer):
         if not _writes(view) or _committed(view) or view.memory.get("asked_change_made"):
