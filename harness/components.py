@@ -667,11 +667,52 @@ class ReportTheChange(Component):
                                            "now: what was done, with the values the request asks for, taken from the results.")
 
 
+# A value: a token with at least two digits (amounts, dates, ids, times); one-digit counts are prose.
+VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-_./:#]*")
+
+
+def _values(text: str) -> list[str]:
+    """The value-like tokens of `text`, with thousands separators and trailing zero decimals dropped ("86,900.00" and
+    86900 are one value)."""
+    text = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", text)
+    return [re.sub(r"(?<=\d)\.0+$", "", t.rstrip("-_./:#")) for t in VALUE.findall(text)]
+
+
+def unseen_values(answer: str, sources: Iterable[str]) -> list[str]:
+    """The values of `answer` (tokens with two digits or more) found in none of `sources`, whole or as a run of digits
+    or letters of a token ("March 30, 2026" is in "2026-03-30", "Fall 2026" in "2026FA"), compared without case, in
+    order of appearance."""
+    seen = set()
+    for token in (t.casefold() for source in sources for t in _values(source)):
+        seen |= {token, *re.findall(r"\d+|[a-z]+", token)}
+    values = dict.fromkeys(t for t in _values(answer) if sum(c.isdigit() for c in t) >= 2)
+    return [v for v in values if v.casefold() not in seen][:6]
+
+
+class AnswerFromResults(Component):
+    name = "answer_from_results"
+    addresses = ('did_not_abstain', 'wrong_answer')
+    summary = ("when the final answer gives numbers, dates or ids that are in no tool result and not in the request, "
+               "names them and sends the answer back once: give only what the results show, or say what is missing")
+
+    async def finalize(self, view, answer):
+        if view.memory.get("asked_unseen"):
+            return None
+        unseen = unseen_values(answer, [view.instruction, *(o.seen for o in view.observations)])
+        if not unseen:
+            return None
+        view.memory["asked_unseen"] = True
+        return Final(action="revise", text=f"Your answer gives {', '.join(unseen)}, which no tool result shows and the request "
+                                           "does not contain. Answer only with values the results show (say how you worked "
+                                           "out any you computed); if the request asks for something the results do not "
+                                           "show, say that it is missing instead of giving a value.")
+
+
 LIBRARY: dict[str, type[Component]] = {c.name: c for c in (
     LookBeforeAct, StopOnNegativeEvidence, SuppressDuplicateCalls, CheckBeforeCommit, FlagMultipleMatches,
     CheckRelatedAuthorization, ConfirmFinalDecision, GroundIdentifiers, OneWritePerTurn, RefuseFailedRepeat,
     CompactObservations, ResolveNamedEntities, ReaskUnparsedCalls, ReadBeforeWrite, CallBeforeAnswering, CheckChangeMade,
-    CiteBlockingEvidence, FollowThrough, ReportTheChange,
+    CiteBlockingEvidence, FollowThrough, ReportTheChange, AnswerFromResults,
 )}
 ComponentName = Literal[tuple(LIBRARY)]  # type: ignore[valid-type]
 

@@ -10,6 +10,7 @@ from envs.spec import SpecError
 from harness.abi import BaseHarness, EpisodeView, HarnessConfig, ToolRequest, action_schema
 from harness.bundle import BUNDLES, load_bundle
 from harness.components import (
+    AnswerFromResults,
     CallBeforeAnswering,
     CheckChangeMade,
     Citation,
@@ -26,6 +27,7 @@ from harness.components import (
     ResolveNamedEntities,
     request_terms,
     search_tools,
+    unseen_values,
     CheckRelatedAuthorization,
     ConfirmFinalDecision,
     FinalCheck,
@@ -321,6 +323,22 @@ def test_check_change_made_asks_once_when_nothing_was_changed():
     assert asyncio.run(c.finalize(v, "Issued.")) is None
     done = small_view(seen("issue_permit", {"permit_id": "BP-7"}, {"ok": True}, read_only=False))
     assert asyncio.run(CheckChangeMade().finalize(done, "Issued.")) is None
+
+
+def test_unseen_values_are_the_answers_numbers_dates_and_ids_no_source_holds():
+    result = '{"salary": 86900, "letter_id": "LTR-00123", "date": "2026-03-30", "term": "2026FA"}'
+    assert unseen_values("Salary 86,900.00 EUR, letter LTR-00123 of March 30, 2026, for Fall 2026.", [result]) == []
+    assert unseen_values("It ends on 2026-09-30; 2 days and 12 days left.", ['{"end": "2026-06-30"}']) == ["2026-09-30", "12"]
+    assert unseen_values("Grant ag-25292 approved.", ['{"grant_id": "AG-24480"}']) == ["ag-25292"]
+    assert unseen_values("Approved as you asked for E-1052.", ["Approve E-1052's request."]) == []  # the request counts
+
+
+def test_answer_from_results_sends_an_invented_value_back_once():
+    v = small_view(seen("get_permit", {"permit_id": "BP-7"}, {"permit_id": "BP-7", "fee": 120}))
+    final = asyncio.run(AnswerFromResults().finalize(v, "Permit BP-7 is issued; fee 120, receipt RC-5531."))
+    assert final.action == "revise" and final.text.startswith("Your answer gives RC-5531, which no tool result shows")
+    assert asyncio.run(AnswerFromResults().finalize(v, "Permit BP-7 is issued; fee 120, receipt RC-5531.")) is None  # once
+    assert asyncio.run(AnswerFromResults().finalize(small_view(seen("get_permit", {}, {"fee": 120})), "The fee is 120.")) is None
 
 
 def test_cite_blocking_evidence_accepts_a_refusal_only_with_a_quote_from_a_result():
