@@ -74,8 +74,9 @@ def failure_records(records: list[EpisodeRecord], entries: dict[str, Entry]) -> 
             continue
         calls = tuple(_cut(f"{o.tool}({json.dumps(o.args, default=str)}) -> {o.text}", 300) for o in r.observations)
         last = tuple(_cut(f"{m.get('type', '?')}: {m.get('data', {}).get('content', '')}") for m in r.messages[-3:])
+        category = entry.pair.mutation.category if r.key.side == "abstain" else FEASIBLE
         out.append(FailureRecord(
-            pair_id=r.pair_id, task_id=r.key.task_id, side=r.key.side, kind=kind, category=entry.pair.mutation.category if r.key.side == "abstain" else FEASIBLE,
+            pair_id=r.pair_id, task_id=r.key.task_id, side=r.key.side, kind=kind, category=category,
             termination=r.termination, instruction=entry.pair.task.instruction.strip(), calls=calls,
             answer=_cut(r.answer), last_messages=last, guesses=guesses[:MAX_EXAMPLES],
         ))
