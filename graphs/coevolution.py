@@ -80,7 +80,7 @@ STANDARD_GATE_LEVEL = 0.125
 PRESETS: dict[str, dict] = {
     "quick": {"train": 2, "validation": 6, "bench": 4, "tier": "short", "rounds": 1, "proposers": 1, "batch_size": 1, "budget": 1,
               "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4, "gate_level": GATE_LEVEL, "gate_trials": 1, "max_turns": 10},
-    "standard": {"train": 4, "validation": 6, "bench": 10, "tier": "short", "rounds": 3, "proposers": 2, "batch_size": 2,
+    "standard": {"train": 4, "validation": 6, "bench": 20, "tier": "short", "rounds": 1, "proposers": 2, "batch_size": 2,
                  "budget": 1, "max_refinements": 1, "candidates": 1, "review_rounds": 1, "tau": 0.4,
                  "gate_level": STANDARD_GATE_LEVEL, "gate_trials": 2, "max_turns": 10},
     "paper": {"train": 20, "validation": 15, "bench": None, "tier": "all", "rounds": 6, "proposers": 5, "batch_size": 5, "budget": 2,

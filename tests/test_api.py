@@ -77,7 +77,7 @@ def test_a_catalog_without_the_preset_s_tier_is_taken_whole_and_a_tier_asked_for
 def test_the_standard_protocol_holds_the_quick_one_so_its_episodes_are_reused():
     quick, small = api.protocol("quick", str(CATALOG))
     standard, large = api.protocol("standard", str(CATALOG))
-    assert {k: len(v) for k, v in large.items()} == {"train": 4, "validation": 6, "bench": 10}
+    assert {k: len(v) for k, v in large.items()} == {"train": 4, "validation": 6, "bench": 20}
     assert all(large[split][:len(small[split])] == small[split] for split in small)
     assert standard["max_turns"] == quick["max_turns"]  # the turn cap is part of an episode's cache key
 

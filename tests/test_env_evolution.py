@@ -132,7 +132,7 @@ def test_no_validation_or_bench_data_reaches_a_generation_role(tmp_path, proposa
     assert sorted(o.status for o in final["outcomes"].values()) == ["certified", "certified"]
     prompts = "\n".join(m.content for name in ("proposer", "reviewer") for c in scripted.calls(name) for m in c.messages)
     held_out = [e for e in catalog.values() if e.pair.split != "train"]
-    assert len(held_out) == 61  # validation 15 + 6 short, bench 30 + 10 short
+    assert len(held_out) == 71  # validation 15 + 6 short, bench 30 + 20 short
     for e in held_out:
         for text in (e.pair.id, e.pair.task.instruction.strip(), e.pair.task.reference.answer.strip()):
             assert text not in prompts, f"{e.pair.split} data in a generation prompt: {text[:60]}"
