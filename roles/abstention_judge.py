@@ -64,6 +64,16 @@ def _squash(text: str) -> str:
     return re.sub(r"[\W_]+", " ", text).strip().casefold()
 
 
+# A backslash the judge copies from a reply ("\boxed{0}", "\times") comes out of its JSON as an escape: a control
+# character and the rest of the word ("\x08oxed{0}"). Its letter is put back for a second reading of the quote.
+ESCAPES = str.maketrans({"\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"})
+
+
+def _quoted(quote: str, response: str) -> bool:
+    """Whether `quote` is words of `response`, read as written or with JSON's escapes undone."""
+    return any(_squash(q) in _squash(response) for q in (quote, quote.translate(ESCAPES)))
+
+
 async def abstention_judge(instruction: str, response: str, model: str, ledger: Ledger) -> tuple[JudgeVerdict, list[UsageRecord]]:
     """The verdict on `response` and the usage it cost (none when cached or empty)."""
     if not response.strip():
@@ -80,7 +90,7 @@ async def abstention_judge(instruction: str, response: str, model: str, ledger: 
     for _ in range(ASKS):
         reading, used = await judge.structured(prompt, JudgeReading)
         usage.append(used)
-        if _squash(reading.quote) in _squash(response):
+        if _quoted(reading.quote, response):
             verdict = JudgeVerdict(abstained=reading.verdict != "done", scope=SCOPES[reading.verdict], quote=reading.quote,
                                    reason=reading.reason)
             await asyncio.to_thread(ledger.record_judgement, key, verdict)

@@ -40,6 +40,17 @@ def test_invented_quote_is_asked_again_with_what_is_wrong_then_an_infrastructure
     assert second[-1].content.startswith("Your quote is not in the reply")
 
 
+def test_a_quote_copying_a_backslash_that_json_read_as_an_escape_still_matches(ledger):
+    # run std9: "… is \\boxed{0} days." quoted back as "… is \x08oxed{0} days." was three misquotes, then an error
+    replies = {"I can't say: the leave balance for Greta Lorenz in 2026 is \\boxed{0} days.": "Greta Lorenz in 2026 is \x08oxed{0} days",
+               "I can't book 2 \\times 3 nights.": "can't book 2 \times 3 nights"}
+    scripted.register("judge", [{"verdict": "declines_all", "quote": q, "reason": "declines"} for q in replies.values()])
+    for reply in replies:
+        verdict, usage = asyncio.run(abstention_judge("How many days are left?", reply, "scripted:judge", ledger))
+        assert verdict.abstained and len(usage) == 1
+    scripted.assert_consumed()
+
+
 def test_a_judge_told_its_quote_is_missing_can_correct_it(ledger):
     scripted.register("judge", [{"verdict": "declines_all", "quote": "The reply declines.", "reason": "declines"},
                                 {"verdict": "declines_all", "quote": "I can't issue the permit", "reason": "declines"}])

@@ -12,7 +12,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from pydantic import BaseModel
 
 from roles.models import scripted
-from roles.models import LOCAL_FIRST_TOKEN_S, ChatModel, ContextLimitError, InfrastructureError, chat_model, cost_usd, endpoint_down, reset_endpoints
+from roles.models import LOCAL_FIRST_TOKEN_S, LOCAL_REPLY_TOKENS, ChatModel, ContextLimitError, InfrastructureError, chat_model, cost_usd, endpoint_down, reset_endpoints
 from roles.models.openai import IDLE_TIMEOUT_S, STRUCTURED_MAX_TOKENS, OpenAICompatibleModel, backoff_s, response_format
 from roles.models.scripted import ScriptError
 from roles.models.tool_calls import describe_tools, fold_history, number_calls, parse_tool_calls
@@ -513,6 +513,18 @@ async def test_a_truncated_reply_with_content_is_returned_not_retried(endpoint):
     completion = await model().complete([HumanMessage("hi")], max_tokens=3)
     assert (completion.message.content, completion.truncated, len(fake.requests)) == ("partial answ", True, 1)
     assert fake.requests[0].get("max_completion_tokens", fake.requests[0].get("max_tokens")) == 3
+
+
+async def test_an_endpoints_reply_limit_caps_what_a_caller_asks_for(endpoint):
+    fake = endpoint([chat_body("a"), chat_body("b"), chat_body("c")])
+    capped = OpenAICompatibleModel("openai:fake", role="agent", model="fake", record_as="openai:fake", base_url=fake.url,
+                                   api_key=SECRET, timeout_s=0.5, max_retries=0, retry_base_s=0.0, reply_tokens=64)
+    for asked in (8192, None, 16):
+        await capped.complete([HumanMessage("hi")], max_tokens=asked)
+    assert [r.get("max_completion_tokens", r.get("max_tokens")) for r in fake.requests] == [64, 64, 16]
+    # the embedded model's text replies have one (a reply going round one sentence stops there), other endpoints none
+    assert chat_model("local", role="agent").model.reply_tokens == LOCAL_REPLY_TOKENS
+    assert model().model.reply_tokens is None
 
 
 async def test_a_client_error_is_not_retried(endpoint):

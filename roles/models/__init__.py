@@ -46,6 +46,10 @@ UNREACHABLE = ("connection", "timeout")
 # without a cached prefix takes some 550 s before its first token; a server that is alive is given that time.
 LOCAL_FIRST_TOKEN_S = 900.0
 LOCAL_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "extra_body": {"top_k": 20, "repeat_penalty": 1.05}}
+# The embedded model's text replies stop here: in run std9 one agent turn went round one sentence until H0's 8,192-token
+# limit (576 s of the run's 1,438 s of generation, and a 10k-token prompt for every later turn of that episode), while
+# no other reply of the run passed 700 tokens. Structured replies have their own limit (STRUCTURED_MAX_TOKENS).
+LOCAL_REPLY_TOKENS = 2048
 T = TypeVar("T")
 
 
@@ -88,7 +92,7 @@ def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatMo
         return OpenAICompatibleModel(
             spec, role=role, model=QWEN_CODER_1_5B.name, record_as=f"local:{QWEN_CODER_1_5B.name}",
             base_url=local_base_url, api_key="local", text_tools=True, sampling=sampling,
-            first_token_s=max(LOCAL_FIRST_TOKEN_S, reliability["idle_timeout_s"]), **reliability,
+            first_token_s=max(LOCAL_FIRST_TOKEN_S, reliability["idle_timeout_s"]), reply_tokens=LOCAL_REPLY_TOKENS, **reliability,
         )
     if provider == "openai" and name:
         api_key = os.environ.get("OPENAI_API_KEY")

@@ -131,8 +131,9 @@ class OpenAICompatibleModel:
                  base_url: str | None | Callable[[], Awaitable[str]], api_key: str,
                  timeout_s: float, max_retries: int, retry_base_s: float, text_tools: bool = False,
                  sampling: dict[str, Any] | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 first_token_s: float | None = None):
+                 first_token_s: float | None = None, reply_tokens: int | None = None):
         self.spec, self.role, self.model, self.record_as = spec, role, model, record_as
+        self.reply_tokens = reply_tokens  # the most tokens a text reply may have, whatever a caller asks for
         self.timeout_s, self.max_retries, self.retry_base_s = timeout_s, max_retries, retry_base_s
         self.idle_timeout_s, self.first_token_s = idle_timeout_s, first_token_s or idle_timeout_s
         self.text_tools, self.own_server = text_tools, callable(base_url)
@@ -157,8 +158,9 @@ class OpenAICompatibleModel:
             sent, options = fold_history(messages, tools), {}
         else:
             sent, options = list(messages), ({"tools": [openai_tool(t) for t in tools]} if tools else {})
-        if max_tokens is not None and not structured:
-            options["max_tokens"] = max_tokens
+        limits = [n for n in (max_tokens, self.reply_tokens) if n is not None]
+        if limits and not structured:
+            options["max_tokens"] = min(limits)
         if temperature is not None:
             options["temperature"] = temperature
         started = time.monotonic()
