@@ -67,7 +67,7 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 # 0.1–0.8 min, building a candidate 3–5 min, a certified proposal 2–4 min) to about 3 hours; measured, one
 # co-evolution run took 96 minutes (H0's diagnosis and first round 50, the next two rounds 25 together, the
 # bench 21) with 24 H0 episodes reused from quick runs. Later rounds took 59–87 minutes each (std4–std6), and
-# from scratch (std9) a round took 68 minutes and H0 about 1.6 minutes a bench episode, so it is one round
+# from scratch (std9) a round took 68 minutes and H0 1.2–1.6 minutes a bench episode, so it is one round
 # (`--rounds` for more) and all 20 short bench pairs: with 10, a paired bootstrap interval above 0 needed four
 # pairs up and none down (+40 points), with 20 four pairs up is +20. Its pairs include quick's, so a harness's quick
 # episodes are reused from the rollout cache; like every run it resumes with `--run-id`. Every harness is scored
