@@ -47,8 +47,9 @@ UNREACHABLE = ("connection", "timeout")
 LOCAL_FIRST_TOKEN_S = 900.0
 LOCAL_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "extra_body": {"top_k": 20, "repeat_penalty": 1.05}}
 # The embedded model's text replies stop here: in run std9 one agent turn went round one sentence until H0's 8,192-token
-# limit (576 s of the run's 1,438 s of generation, and a 10k-token prompt for every later turn of that episode), while
-# no other reply of the run passed 700 tokens. Structured replies have their own limit (STRUCTURED_MAX_TOKENS).
+# limit (595 s; 8,192 of the run's 37,938 agent output tokens over 380 calls, and a 10k-token prompt for every later
+# turn of that episode), while no other agent reply passed 1,000 tokens. Structured replies have their own limit
+# (STRUCTURED_MAX_TOKENS).
 LOCAL_REPLY_TOKENS = 2048
 T = TypeVar("T")
 
