@@ -69,7 +69,8 @@ EnvMode = Literal["coevolve", "augment", "h0", "none"]
 # bench 21) with 24 H0 episodes reused from quick runs. Later rounds took 59–87 minutes each (std4–std6), and
 # from scratch (std9) a round took 68 minutes and H0 1.2–1.6 minutes a bench episode, so it is one round
 # (`--rounds` for more) and all 20 short bench pairs: with 10, a paired bootstrap interval above 0 needed four
-# pairs up and none down (+40 points), with 20 four pairs up is +20. Its pairs include quick's, so a harness's quick
+# pairs up and none down (+40 points), with 20 four pairs up is +20 (std10, from scratch on 20: co-evolution
+# 98 minutes, H0's bench 30, 2 h 8 min in all). Its pairs include quick's, so a harness's quick
 # episodes are reused from the rollout cache; like every run it resumes with `--run-id`. Every harness is scored
 # twice on the validation pairs (`gate_trials`): one candidate scored validation Abstain 1/6, 2/6 and 6/6 on three
 # trials of the same pairs. Measured with it: 2 rounds of co-evolution in 81 minutes (12 of H0's 24 validation
