@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from envs.catalog import Entry, load_entry, run_entry
 from roles.models import reset_endpoints
 from state.context import ConfigError, Context, EpisodeRequest
+from state import journal
 from state.journal import call_scope, current_scope, run_thread
 from state.ledger import Ledger
 from state.paths import runs_dir
@@ -253,7 +254,10 @@ def attempts(run: Attempt, jobs: list[Job], settings: dict) -> list[EpisodeRecor
     async def all_of() -> list:
         return await asyncio.gather(*(_attempt_here(run, job) for job in jobs), return_exceptions=True)
 
-    return asyncio.run_coroutine_threadsafe(all_of(), _worker_loop()).result()
+    try:
+        return asyncio.run_coroutine_threadsafe(all_of(), _worker_loop()).result()
+    finally:
+        journal.flush()  # the jobs' calls are kept before their results go back, as a run's are before it returns
 
 
 def bound_pool(loop: asyncio.AbstractEventLoop) -> None:

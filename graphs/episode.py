@@ -45,7 +45,7 @@ from typing_extensions import NotRequired, TypedDict
 from envs.catalog import Entry, load_entry, side_env
 from envs.mcp_server import DirectSession, connection, direct_session, memory_session
 from harness.abi import BaseHarness, EpisodeView, ToolRequest, call_hook
-from harness.bundle import load_bundle
+from harness.bundle import Bundle, load_bundle
 from harness.remote import HookError, SandboxedHarness
 from state.journal import call_scope, run_thread
 from roles.models import ChatModel, ContextLimitError, InfrastructureError, chat_model
@@ -76,6 +76,7 @@ class Live:
     read_only: dict[str, bool] = field(default_factory=dict)
     harness_usage: list[UsageRecord] = field(default_factory=list)
     pending: list[Observation] = field(default_factory=list)
+    bundle: Bundle | None = None  # the harness to run, when the caller has it loaded
     release: asyncio.Event | None = None  # when the episode opened its own session: `close` sets it
     holder: asyncio.Task | None = None  # the task holding that session open
 
@@ -131,7 +132,7 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     episode_id = state.get("episode_id") or f"{request.pair_id}/{request.side}/{uuid.uuid4().hex[:8]}"
     live = LIVE.get(episode_id) or await _open_own(request, ctx, episode_id)
     try:
-        bundle = await asyncio.to_thread(load_bundle, request.bundle)
+        bundle = live.bundle or await asyncio.to_thread(load_bundle, request.bundle)
     except BaseException:
         await _release(episode_id)
         raise
@@ -402,14 +403,15 @@ async def _journaled_as(scope: str | None, run):
 
 
 async def run_episode(request: EpisodeRequest, context: Context, episode_id: str, entry: Entry | None = None,
-                      thread: str | None = None) -> dict:
-    """Runs one episode to the end. The pair is loaded (unless the caller has
-    it) and the MCP session opened and closed here, in one task, around the graph run. `thread` names the
+                      thread: str | None = None, bundle: Bundle | None = None) -> dict:
+    """Runs one episode to the end. The pair and the bundle are loaded (unless the caller has
+    them) and the MCP session opened and closed here, in one task, around the graph run. `thread` names the
     checkpointed run the episode belongs to when it runs outside it (on an engine's worker)."""
     catalog = context.catalog
     entry = entry or await asyncio.to_thread(load_entry, request.pair_id, catalog)
     async with environment_session(entry, request.side, catalog, context.env_transport) as session:
-        return await _run(request, context, episode_id, Live(entry.pair.task.instruction, public_context(entry), session), thread)
+        live = Live(entry.pair.task.instruction, public_context(entry), session, bundle=bundle)
+        return await _run(request, context, episode_id, live, thread)
 
 
 async def run_task(bundle: str, instruction: str, public: str, env: EnvironmentSpec, context: Context, episode_id: str) -> dict:

@@ -37,7 +37,7 @@ from envs.spec import SpecError
 from envs.untrusted import EnvironmentFault
 from graphs import engine
 from graphs.episode import run_episode
-from harness.bundle import load_bundle
+from harness.bundle import hashed_bundle, load_bundle
 from harness.check import check_bundle
 from harness.tool_sandbox import ToolSandboxError
 from roles.abstention_judge import abstention_judge, judge_id
@@ -206,7 +206,8 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
     base = {"key": key, "pair_id": request.pair_id, "bundle": request.bundle}
     start = time.perf_counter()
     try:
-        out = await run_episode(request, ctx, episode_id, entry, thread=thread)
+        bundle = hashed_bundle(request.bundle, key.harness_hash) or await asyncio.to_thread(load_bundle, request.bundle)
+        out = await run_episode(request, ctx, episode_id, entry, thread=thread, bundle=bundle)
     except Exception as exc:
         if not infrastructure(exc):  # our own bug fails the run loudly rather than hiding as a re-run
             raise

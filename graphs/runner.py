@@ -32,6 +32,7 @@ from graphs.episode import TRANSPORTS
 from state.metrics import Metrics
 from harness.bundle import load_bundle
 from roles.models import reset_endpoints
+from state import journal
 from state.context import ConfigError, Context
 from state.ledger import Ledger, LedgerError, held
 from state.paths import RunPaths
@@ -83,7 +84,17 @@ def tune_gc() -> None:
 async def checkpointer(path: Path) -> AsyncIterator[BaseCheckpointSaver]:
     """A checkpointer on `path` that waits for another writer (a second evaluation in the same runs
     directory) instead of failing with "database is locked"; with a PostgreSQL store (`state.store`), on the
-    store's schema named after the file (`checkpoints`, `evolution`, `coevolution`)."""
+    store's schema named after the file (`checkpoints`, `evolution`, `coevolution`). On the way out, the run's
+    journaled calls are kept (`journal.flush`) whether it finished or not: a resume reads them back."""
+    try:
+        async with _checkpointer(path) as saver:
+            yield saver
+    finally:
+        await asyncio.to_thread(journal.flush)
+
+
+@asynccontextmanager
+async def _checkpointer(path: Path) -> AsyncIterator[BaseCheckpointSaver]:
     url = store_url()
     if url:
         async with postgres_checkpointer(url, path.stem) as saver:

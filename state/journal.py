@@ -12,16 +12,28 @@ kept. A scope's first call asks whether the journal holds any call of that
 scope (`scopes`, written before its calls); when it holds none, as in every
 fresh run, the scope's calls are not looked up one by one. The journal lives
 in `runs/calls.db`, or in the PostgreSQL store (`state.store`).
+
+A reply is written behind the call, by one thread per process that keeps
+what is queued in one transaction (an episode does not wait for the store
+between its turns); until then it is read back from memory. A process killed
+before its writer caught up loses the replies still queued, and a resume
+makes those calls again, as it does a call in flight. `flush()` waits for the
+writer: a run does before it returns, and so does a process at exit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hashlib
 import json
+import logging
+import os
+import queue
 import sqlite3
 import threading
 import weakref
+from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -60,6 +72,14 @@ _PLACE = "\0items\0"  # where an `Items` value goes in the request's JSON
 _connections: dict[Path, SqliteTables] = {}
 _legacy: dict[int, bool] = {}  # per journal table object: it holds calls from before `scopes` (each is looked up)
 _lock = threading.Lock()
+Target = tuple[Tables, threading.Lock]
+_targets: dict[tuple[str | None, str | None], Target] = {}  # ($HERA_STORE, $HERA_RUNS) -> the journal they name
+_queue: queue.SimpleQueue[tuple[Target, str, str, str] | threading.Event] = queue.SimpleQueue()
+_queued_lock = threading.Lock()
+_queued_calls: dict[tuple[int, str], str] = {}  # (id of a journal's table, key) -> reply, until the writer kept it
+_queued_scopes: Counter[tuple[int, str]] = Counter()  # (id of a journal's table, scope) -> its replies still queued
+_writer: threading.Thread | None = None
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -96,8 +116,17 @@ def current_scope() -> str | None:
     return f"{thread}/{configurable.get('checkpoint_ns', '')}" if thread else None
 
 
-def _db() -> tuple[Tables, threading.Lock]:
-    """The journal's table: `calls.db` under the runs root, or the `journal` schema of the PostgreSQL store."""
+def _db() -> Target:
+    """The journal's table: `calls.db` under the runs root, or the `journal` schema of the PostgreSQL store; found once
+    per value of the variables that name them."""
+    where = (os.environ.get("HERA_STORE"), os.environ.get("HERA_RUNS"))
+    target = _targets.get(where)
+    if target is None:
+        target = _targets[where] = _open()
+    return target
+
+
+def _open() -> Target:
     url = store_url()
     if url:
         return postgres_tables(url, "journal")
@@ -135,7 +164,7 @@ async def journaled(request: dict[str, Any], call: Callable[[], Awaitable[T]], d
         if kept is not None:
             return load(kept)
     result = await call()
-    await asyncio.to_thread(_write, scope, key, dump(result))
+    _keep(scope, key, dump(result))
     return result
 
 
@@ -169,6 +198,9 @@ def _item(item: Any, dump: Callable[[Any], Any]) -> str:
 def _holds(scope: str) -> bool:
     """Whether the journal may hold calls of `scope`."""
     db, lock = _db()
+    with _queued_lock:
+        if _queued_scopes[id(db), scope]:
+            return True
     with lock:
         if id(db) not in _legacy:
             _legacy[id(db)] = bool(db.select("calls", limit=1)) and not db.select("scopes", limit=1)
@@ -177,13 +209,86 @@ def _holds(scope: str) -> bool:
 
 def _read(key: str) -> str | None:
     db, lock = _db()
+    with _queued_lock:
+        queued = _queued_calls.get((id(db), key))
+    if queued is not None:
+        return queued
     with lock:
         rows = db.select("calls", "id = ?", [key], select="reply")
     return rows[0]["reply"] if rows else None
 
 
-def _write(scope: str, key: str, reply: str) -> None:
-    db, lock = _db()
-    with lock:  # the scope first: a call kept is never missed, a scope kept without its call only costs a look
-        db.insert("scopes", {"id": scope}, ignore=True, pk="id")
-        db.upsert("calls", {"id": key, "reply": reply}, pk="id")
+def _keep(scope: str, key: str, reply: str) -> None:
+    """Queues `reply` for the writer; until it is kept, `_read` finds it here."""
+    global _writer
+    target = _db()
+    with _queued_lock:
+        _queued_calls[id(target[0]), key] = reply
+        _queued_scopes[id(target[0]), scope] += 1
+        if _writer is None:
+            _writer = threading.Thread(target=_write_queued, name="hera-journal", daemon=True)
+            _writer.start()
+    _queue.put((target, scope, key, reply))
+
+
+def flush() -> None:
+    """Returns once every reply queued before the call is kept (or given up on, with a warning)."""
+    done = threading.Event()
+    _queue.put(done)
+    while not done.wait(1.0):
+        if _writer is None or not _writer.is_alive():
+            return
+
+
+def _forget_the_writer() -> None:
+    """In a forked child: the parent's writer thread does not run here, nor does what it had queued belong here."""
+    global _writer, _queue
+    _writer, _queue = None, queue.SimpleQueue()
+    _queued_calls.clear()
+    _queued_scopes.clear()
+
+
+atexit.register(flush)
+os.register_at_fork(after_in_child=_forget_the_writer)
+
+
+def _write_queued() -> None:
+    """The writer: everything queued at once, one transaction per journal, in the order queued."""
+    while True:
+        batch = [_queue.get()]
+        while True:
+            try:
+                batch.append(_queue.get_nowait())
+            except queue.Empty:
+                break
+        replies = [b for b in batch if not isinstance(b, threading.Event)]
+        by_target: dict[int, tuple[Target, list[tuple[str, str, str]]]] = {}
+        for target, scope, key, reply in replies:
+            by_target.setdefault(id(target[0]), (target, []))[1].append((scope, key, reply))
+        for target, items in by_target.values():
+            try:
+                _write(target, items)
+            except Exception as exc:  # the calls were made and answered; a resume makes them again
+                log.warning("call journal %s: %d replies not kept (%s: %s); a resumed run makes those calls again",
+                            target[0].where, len(items), type(exc).__name__, exc)
+        with _queued_lock:
+            for target, scope, key, reply in replies:
+                if _queued_calls.get((id(target[0]), key)) is reply:
+                    del _queued_calls[id(target[0]), key]
+                _queued_scopes[id(target[0]), scope] -= 1
+                if not _queued_scopes[id(target[0]), scope]:
+                    del _queued_scopes[id(target[0]), scope]
+        for b in batch:
+            if isinstance(b, threading.Event):
+                b.set()
+
+
+def _write(target: Target, items: list[tuple[str, str, str]]) -> None:
+    """Keeps (scope, key, reply) items in one transaction, each scope before its calls: a call kept is never missed, a
+    scope kept without its call only costs a look."""
+    db, lock = target
+    with lock, db.transaction("journal"):
+        for scope in dict.fromkeys(scope for scope, _, _ in items):
+            db.insert("scopes", {"id": scope}, ignore=True, pk="id")
+        for _, key, reply in items:
+            db.upsert("calls", {"id": key, "reply": reply}, pk="id")

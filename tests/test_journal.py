@@ -3,6 +3,7 @@ call by call; a journal written before scopes were kept is still read back."""
 
 import asyncio
 import json
+import threading
 
 import pytest
 
@@ -55,6 +56,7 @@ def test_a_fresh_scope_is_looked_up_once_and_a_resumed_one_reads_its_calls_back(
 def test_a_journal_from_before_scopes_were_kept_is_read_back(lookups):
     made = []
     first = episode("run-1/episode:x", REQUESTS, made)
+    journal.flush()
     db, _ = journal._db()
     db.execute("delete from scopes", [])  # as a journal written before: calls, no scopes
     journal._legacy.clear()
@@ -95,3 +97,35 @@ def test_a_request_names_its_items_as_their_plain_list_would():
     assert journal._digest("run/episode:e", request) == expected  # the second time from the kept item texts
     messages.append(HumanMessage("and the saw?"))
     assert journal._digest("run/episode:e", request) != expected
+
+
+def kept(prefix: str) -> tuple[list[str], list[dict]]:
+    """The scopes the journal's table holds that start with `prefix`, and the replies it holds."""
+    db, _ = journal._db()
+    return [r["id"] for r in db.select("scopes") if r["id"].startswith(prefix)], sorted((json.loads(r["reply"]) for r in db.select("calls")), key=str)
+
+
+def test_a_reply_the_writer_has_not_kept_yet_is_read_back_and_kept_by_flush(lookups, monkeypatch):
+    """The writer is held back: a resumed scope reads its replies from the queue, not by making the calls again; once
+    let go, `flush` returns with every reply in the table."""
+    let_go, write = threading.Event(), journal._write
+    monkeypatch.setattr(journal, "_write", lambda target, items: let_go.wait(10) and write(target, items))
+    made = []
+    first = episode("run-2/episode:q", REQUESTS, made)
+    assert kept("run-2/") == ([], [])  # nothing written yet
+    assert episode("run-2/episode:q", REQUESTS, made) == first and len(made) == 3  # read back from the queue
+    let_go.set()
+    journal.flush()
+    assert kept("run-2/") == (["run-2/episode:q"], first)
+
+
+def test_a_journal_that_cannot_be_written_warns_and_costs_only_the_replay(lookups, monkeypatch, caplog):
+    def broken(target, items):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(journal, "_write", broken)
+    made = []
+    assert episode("run-3/episode:w", REQUESTS, made) == [{"reply": 1}, {"reply": 2}, {"reply": 3}]
+    journal.flush()
+    assert "3 replies not kept (OSError: disk full)" in caplog.text
+    assert episode("run-3/episode:w", REQUESTS, made) == [{"reply": 4}, {"reply": 5}, {"reply": 6}]  # made again: none kept

@@ -21,10 +21,10 @@ def main(catalog: str, ledger: str, log_path: str, run_id: str) -> None:
     register_models(lambda name, step: logged(name, step, log_path))
     keep = journal._write
 
-    def write(scope: str, key: str, reply: str) -> None:
-        keep(scope, key, reply)
+    def write(target, items: list[tuple[str, str, str]]) -> None:
+        keep(target, items)
         with open(log_path, "a") as f:
-            f.write(f"done {json.loads(reply)['usage']['role']}\n")
+            f.writelines(f"done {json.loads(reply)['usage']['role']}\n" for _, _, reply in items)
 
     journal._write = write
     asyncio.run(api.run_coevolution("H0", models(Path(catalog), ledger), run_id=run_id, **SETTINGS))  # a ledger URL is no path
