@@ -233,17 +233,19 @@ def _keep(scope: str, key: str, reply: str) -> None:
 
 def flush() -> None:
     """Returns once every reply queued before the call is kept (or given up on, with a warning)."""
+    if _writer is None:  # nothing was ever queued
+        return
     done = threading.Event()
     _queue.put(done)
     while not done.wait(1.0):
-        if _writer is None or not _writer.is_alive():
+        if not _writer.is_alive():
             return
 
 
 def _forget_the_writer() -> None:
     """In a forked child: the parent's writer thread does not run here, nor does what it had queued belong here."""
-    global _writer, _queue
-    _writer, _queue = None, queue.SimpleQueue()
+    global _writer, _queue, _queued_lock
+    _writer, _queue, _queued_lock = None, queue.SimpleQueue(), threading.Lock()
     _queued_calls.clear()
     _queued_scopes.clear()
 
