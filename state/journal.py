@@ -79,6 +79,7 @@ _queued_lock = threading.Lock()
 _queued_calls: dict[tuple[int, str], str] = {}  # (id of a journal's table, key) -> reply, until the writer kept it
 _queued_scopes: Counter[tuple[int, str]] = Counter()  # (id of a journal's table, scope) -> its replies still queued
 _writer: threading.Thread | None = None
+_readers = threading.local()
 log = logging.getLogger(__name__)
 
 
@@ -157,8 +158,8 @@ async def journaled(request: dict[str, Any], call: Callable[[], Awaitable[T]], d
     n = seen.counts.get(digest, 0)
     seen.counts[digest] = n + 1
     key = f"{digest}:{n}"
-    if scope not in seen.kept:
-        seen.kept[scope] = await asyncio.to_thread(_holds, scope)
+    if scope not in seen.kept:  # a look in an SQLite file waits for no writer and takes microseconds: made right here
+        seen.kept[scope] = _holds(scope) if isinstance(_db()[0], SqliteTables) else await asyncio.to_thread(_holds, scope)
     if seen.kept[scope]:
         kept = await asyncio.to_thread(_read, key)
         if kept is not None:
@@ -201,10 +202,27 @@ def _holds(scope: str) -> bool:
     with _queued_lock:
         if _queued_scopes[id(db), scope]:
             return True
+    if isinstance(db, SqliteTables):
+        return _held(_reader(db), id(db), scope)
     with lock:
-        if id(db) not in _legacy:
-            _legacy[id(db)] = bool(db.select("calls", limit=1)) and not db.select("scopes", limit=1)
-        return _legacy[id(db)] or bool(db.select("scopes", "id = ?", [scope], select="id"))
+        return _held(db, id(db), scope)
+
+
+def _held(tables: Tables, journal: int, scope: str) -> bool:
+    if journal not in _legacy:
+        _legacy[journal] = bool(tables.select("calls", limit=1)) and not tables.select("scopes", limit=1)
+    return _legacy[journal] or bool(tables.select("scopes", "id = ?", [scope], select="id"))
+
+
+def _reader(db: SqliteTables) -> SqliteTables:
+    """This thread's own connection to the journal file of `db`: in WAL mode a read waits for no writer, and without
+    the journal's lock it waits for no batch the writer thread is keeping either."""
+    readers = _readers.__dict__.setdefault("by_file", {})
+    if db.where not in readers:
+        if len(readers) == 8:  # a thread that went through many runs roots keeps the last ones open
+            readers.pop(next(iter(readers))).conn.close()
+        readers[db.where] = SqliteTables(sqlite3.connect(db.where, isolation_level=None), db.where)
+    return readers[db.where]
 
 
 def _read(key: str) -> str | None:
