@@ -141,13 +141,14 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
         await asyncio.sleep(POLL_S)
         cached, holder = await asyncio.to_thread(ledger.claim_episode, key.id, run_id, owner)
     record = None
-    async with held(ledger, f"episode:{key.id}", owner):
+    async with held(ledger, f"episode:{key.id}", owner) as claim:
         for attempt in range(ctx.max_infra_retries + 1):
             if endpoint_down(ctx.agent_model, ctx.judge_model):
                 break
             record = await engine.run_attempt(_attempt, entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
-            record = _as_asked(await asyncio.to_thread(ledger.record_episode, run_id, record), request)
-            if record.status == "done" or record.termination == "environment_error":
+            last = record.status == "done" or record.termination == "environment_error" or attempt == ctx.max_infra_retries
+            record = _as_asked(await asyncio.to_thread(ledger.record_episode, run_id, record, release=claim if last else None), request)
+            if last or record.status == "done":  # done: this attempt's record, or another writer's the ledger holds
                 break
     return {"results": {_slot(request): record}} if record is not None else {}
 

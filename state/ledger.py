@@ -20,6 +20,7 @@ import sqlite3
 import threading
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import AsyncIterator
@@ -113,19 +114,23 @@ class Ledger:
         return Certification(pair_id=row["pair_id"], feasible_hash=row["feasible_hash"],
                              infeasible_hash=row["infeasible_hash"], checks=tuple(json.loads(row["checks"])))
 
-    def record_episode(self, run_id: str, record: EpisodeRecord, reused: bool = False) -> EpisodeRecord:
+    def record_episode(self, run_id: str, record: EpisodeRecord, reused: bool = False, release: Claim | None = None) -> EpisodeRecord:
         """Finished episodes are stored once per key; every attempt (or reuse
         from the cache) is logged, and an infrastructure error never
         overwrites a finished episode. Returns the record the ledger holds
         for the key (another writer's, if it finished first), so that a run
-        scores what the ledger holds."""
+        scores what the ledger holds. `release`: a claim `held` keeps, let go
+        in the same transaction (the attempt was the last)."""
         row = {"id": record.key.id, "run_id": run_id, "pair_id": record.pair_id, "side": record.key.side,
                "bundle": record.bundle, "model": record.key.model, "trial": record.key.trial,
                "status": record.status, "record": record.model_dump_json(), "created_at": _now()}
-        with self._lock:
+        with self._lock, self.db.transaction(f"episode:{record.key.id}"):
             stored = record.status != "done" or reused or self.db.insert("episodes", row, ignore=True, pk="id")
             self.db.insert("attempts", {"episode_id": record.key.id, "run_id": run_id, "pair_id": record.pair_id, "side": record.key.side,
                                         "status": "reused" if reused else record.status, "error": record.error, "created_at": row["created_at"]})
+            if release:
+                self.db.execute("delete from claims where id = ? and owner = ?", [release.key, release.owner])
+                release.released = True
         return record if stored else self.episode(record.key.id)
 
     def regrade_episode(self, record: EpisodeRecord) -> None:
@@ -269,9 +274,19 @@ def _alive(claim: dict) -> bool:
     return True
 
 
+@dataclass
+class Claim:
+    """A claim `held` keeps; `released` once a write that ended the work let it go too (`Ledger.record_episode`)."""
+
+    key: str
+    owner: str
+    released: bool = False
+
+
 @asynccontextmanager
-async def held(ledger: Ledger, key: str, owner: str) -> AsyncIterator[None]:
-    """Renews `owner`'s claim on `key` every `RENEW_S` while the body runs, and releases it after."""
+async def held(ledger: Ledger, key: str, owner: str) -> AsyncIterator[Claim]:
+    """Renews `owner`'s claim on `key` every `RENEW_S` while the body runs, and releases it after (unless the body did)."""
+    claim = Claim(key, owner)
 
     async def renew() -> None:
         while True:
@@ -280,7 +295,8 @@ async def held(ledger: Ledger, key: str, owner: str) -> AsyncIterator[None]:
 
     renewal = asyncio.create_task(renew())
     try:
-        yield
+        yield claim
     finally:
         renewal.cancel()
-        await asyncio.to_thread(ledger.release_claim, key, owner)
+        if not claim.released:
+            await asyncio.to_thread(ledger.release_claim, key, owner)

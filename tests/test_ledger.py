@@ -35,6 +35,16 @@ def test_a_claim_is_held_then_released(ledger):
     assert ledger.claim_episode("e1", "run-b", "b") == (None, None)
 
 
+def test_the_last_attempts_record_lets_go_of_its_owners_claim_in_the_same_write(ledger):
+    record = episode("p1", "act")
+    assert ledger.claim_episode(record.key.id, "run-a", "a") == (None, None)
+    ledger.record_episode("run-a", record, release=ledger_module.Claim(f"episode:{record.key.id}", "b"))  # not b's claim
+    assert [c["owner"] for c in ledger.claims()] == ["a"] and ledger.episode(record.key.id) == record
+    claim = ledger_module.Claim(f"episode:{record.key.id}", "a")
+    ledger.record_episode("run-a", record, release=claim)
+    assert ledger.claims() == [] and claim.released
+
+
 def test_a_finished_episode_is_returned_not_claimed(ledger):
     record = episode("p1", "act")
     assert ledger.record_episode("run-a", record) == record
