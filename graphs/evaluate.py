@@ -225,12 +225,17 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
         return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=error)
     if out.get("termination") == "environment_error":  # the environment's defect: reported, never scored against the harness
         return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=f"environment fault: {error}")
-    try:
-        facts = await asyncio.to_thread(deterministic_grade, entry, request.side, trajectory["observations"], trajectory["answer"],
-                                        trajectory["messages"])
-        verdict, judge_usage = await _judge(entry.pair.task.instruction.strip(), trajectory["answer"], ctx, ledger)
-    except (InfrastructureError, ReplayMismatch) as exc:
-        return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=f"grading: {exc}")
+    # The replay and the judge at once: the judge reads only the request and the answer. A replay that fails makes
+    # the attempt an infrastructure error whatever the judge said.
+    outcomes = await asyncio.gather(
+        asyncio.to_thread(deterministic_grade, entry, request.side, trajectory["observations"], trajectory["answer"], trajectory["messages"]),
+        _judge(entry.pair.task.instruction.strip(), trajectory["answer"], ctx, ledger), return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, (InfrastructureError, ReplayMismatch)):
+            return EpisodeRecord(**base, **trajectory, usage=tuple(usage), status="infrastructure_error", error=f"grading: {outcome}")
+        if isinstance(outcome, BaseException):
+            raise outcome
+    facts, (verdict, judge_usage) = outcomes
     return EpisodeRecord(**base, **trajectory, usage=tuple(usage + judge_usage), status="done",
                          grade=grade(request.side, facts, verdict.abstained, verdict.quote, judge_id(ctx.judge_model)), error=error)
 
