@@ -34,7 +34,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.memory import create_client_server_memory_streams
 
 from envs.catalog import CATALOG, load_entry, side_env
-from envs.runtime import EnvInstance, ready
+from envs.runtime import EnvInstance
 from envs.spec import tool_infos
 from state.records import EnvironmentSpec, Side
 
@@ -162,7 +162,7 @@ def _listed(env: EnvironmentSpec) -> list[types.Tool]:
 async def direct_session(env: EnvironmentSpec) -> AsyncIterator[DirectSession]:
     """A session on a fresh instance of `env` in this process, without the protocol: what `memory_session` would
     answer, at the cost of a function call. The instance is not closed here, as the server's is not."""
-    yield DirectSession(env, EnvInstance(env) if ready(env) else await asyncio.to_thread(EnvInstance, env))
+    yield DirectSession(env, await asyncio.to_thread(EnvInstance, env))
 
 
 async def serve_stdio(env: EnvironmentSpec) -> None:

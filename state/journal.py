@@ -15,10 +15,12 @@ in `runs/calls.db`, or in the PostgreSQL store (`state.store`).
 
 A reply is written behind the call, by one thread per process that keeps
 what is queued in one transaction (an episode does not wait for the store
-between its turns); until then it is read back from memory. A process killed
-before its writer caught up loses the replies still queued, and a resume
-makes those calls again, as it does a call in flight. `flush()` waits for the
-writer: a run does before it returns, and so does a process at exit.
+between its turns, and its event loop neither waits for a lock nor touches a
+file). A scope's first look waits for its replies still queued. A
+process killed before its writer caught up loses the replies still queued,
+and a resume makes those calls again, as it does a call in flight. `flush()`
+waits for the writer: a run does before it returns, and so does a process at
+exit.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -33,7 +36,6 @@ import queue
 import sqlite3
 import threading
 import weakref
-from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -43,7 +45,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 from langgraph.config import get_config
 
 from state.paths import RunPaths
-from state.store import SqliteTables, Tables, postgres_tables, store_url
+from state.store import SqliteTables, Tables, postgres_tables, redacted, store_url
 
 T = TypeVar("T")
 _scope: ContextVar[str | None] = ContextVar("hera_call_scope", default=None)
@@ -73,13 +75,13 @@ _connections: dict[Path, SqliteTables] = {}
 _legacy: dict[int, bool] = {}  # per journal table object: it holds calls from before `scopes` (each is looked up)
 _lock = threading.Lock()
 Target = tuple[Tables, threading.Lock]
-_targets: dict[tuple[str | None, str | None], Target] = {}  # ($HERA_STORE, $HERA_RUNS) -> the journal they name
-_queue: queue.SimpleQueue[tuple[Target, str, str, str] | threading.Event] = queue.SimpleQueue()
-_queued_lock = threading.Lock()
-_queued_calls: dict[tuple[int, str], str] = {}  # (id of a journal's table, key) -> reply, until the writer kept it
-_queued_scopes: Counter[tuple[int, str]] = Counter()  # (id of a journal's table, scope) -> its replies still queued
+Where = tuple[str | None, str | None]  # ($HERA_STORE, $HERA_RUNS): what names a journal
+_targets: dict[Where, Target] = {}
+_queue: queue.SimpleQueue[tuple[Where, str, str, str, int] | threading.Event] = queue.SimpleQueue()
+_numbers = itertools.count(1)  # of the replies queued, in order
+_unkept: dict[tuple[Where, str], int] = {}  # (journal, scope) -> the number of its last reply queued, until the writer is past it
 _writer: threading.Thread | None = None
-_readers = threading.local()
+_writer_lock = threading.Lock()
 log = logging.getLogger(__name__)
 
 
@@ -117,21 +119,26 @@ def current_scope() -> str | None:
     return f"{thread}/{configurable.get('checkpoint_ns', '')}" if thread else None
 
 
-def _db() -> Target:
+def _db(where: Where | None = None) -> Target:
     """The journal's table: `calls.db` under the runs root, or the `journal` schema of the PostgreSQL store; found once
-    per value of the variables that name them."""
-    where = (os.environ.get("HERA_STORE"), os.environ.get("HERA_RUNS"))
+    per value of the variables that name them (`_where`)."""
+    where = where or _where()
     target = _targets.get(where)
     if target is None:
-        target = _targets[where] = _open()
+        target = _targets[where] = _open(where)
     return target
 
 
-def _open() -> Target:
-    url = store_url()
+def _where() -> Where:
+    return os.environ.get("HERA_STORE"), os.environ.get("HERA_RUNS")
+
+
+def _open(where: Where) -> Target:
+    store, runs = where
+    url = store_url(store or "")
     if url:
         return postgres_tables(url, "journal")
-    path = RunPaths.here().calls
+    path = RunPaths(Path("runs" if runs is None else runs)).calls
     with _lock:
         if path not in _connections:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,8 +165,8 @@ async def journaled(request: dict[str, Any], call: Callable[[], Awaitable[T]], d
     n = seen.counts.get(digest, 0)
     seen.counts[digest] = n + 1
     key = f"{digest}:{n}"
-    if scope not in seen.kept:  # a look in an SQLite file waits for no writer and takes microseconds: made right here
-        seen.kept[scope] = _holds(scope) if isinstance(_db()[0], SqliteTables) else await asyncio.to_thread(_holds, scope)
+    if scope not in seen.kept:
+        seen.kept[scope] = await asyncio.to_thread(_holds, scope)
     if seen.kept[scope]:
         kept = await asyncio.to_thread(_read, key)
         if kept is not None:
@@ -197,56 +204,34 @@ def _item(item: Any, dump: Callable[[Any], Any]) -> str:
 
 
 def _holds(scope: str) -> bool:
-    """Whether the journal may hold calls of `scope`."""
+    """Whether the journal may hold calls of `scope` (once its replies still queued are kept)."""
+    if (_where(), scope) in _unkept:
+        flush()
     db, lock = _db()
-    with _queued_lock:
-        if _queued_scopes[id(db), scope]:
-            return True
-    if isinstance(db, SqliteTables):
-        return _held(_reader(db), id(db), scope)
     with lock:
-        return _held(db, id(db), scope)
-
-
-def _held(tables: Tables, journal: int, scope: str) -> bool:
-    if journal not in _legacy:
-        _legacy[journal] = bool(tables.select("calls", limit=1)) and not tables.select("scopes", limit=1)
-    return _legacy[journal] or bool(tables.select("scopes", "id = ?", [scope], select="id"))
-
-
-def _reader(db: SqliteTables) -> SqliteTables:
-    """This thread's own connection to the journal file of `db`: in WAL mode a read waits for no writer, and without
-    the journal's lock it waits for no batch the writer thread is keeping either."""
-    readers = _readers.__dict__.setdefault("by_file", {})
-    if db.where not in readers:
-        if len(readers) == 8:  # a thread that went through many runs roots keeps the last ones open
-            readers.pop(next(iter(readers))).conn.close()
-        readers[db.where] = SqliteTables(sqlite3.connect(db.where, isolation_level=None), db.where)
-    return readers[db.where]
+        if id(db) not in _legacy:
+            _legacy[id(db)] = bool(db.select("calls", limit=1)) and not db.select("scopes", limit=1)
+        return _legacy[id(db)] or bool(db.select("scopes", "id = ?", [scope], select="id"))
 
 
 def _read(key: str) -> str | None:
     db, lock = _db()
-    with _queued_lock:
-        queued = _queued_calls.get((id(db), key))
-    if queued is not None:
-        return queued
     with lock:
         rows = db.select("calls", "id = ?", [key], select="reply")
     return rows[0]["reply"] if rows else None
 
 
 def _keep(scope: str, key: str, reply: str) -> None:
-    """Queues `reply` for the writer; until it is kept, `_read` finds it here."""
+    """Queues `reply` for the writer thread. Made on the event loop: no lock, no file, nothing that waits."""
     global _writer
-    target = _db()
-    with _queued_lock:
-        _queued_calls[id(target[0]), key] = reply
-        _queued_scopes[id(target[0]), scope] += 1
-        if _writer is None:
-            _writer = threading.Thread(target=_write_queued, name="hera-journal", daemon=True)
-            _writer.start()
-    _queue.put((target, scope, key, reply))
+    if _writer is None:
+        with _writer_lock:  # once a process
+            if _writer is None:
+                _writer = threading.Thread(target=_write_queued, name="hera-journal", daemon=True)
+                _writer.start()
+    where, number = _where(), next(_numbers)
+    _unkept[where, scope] = number  # one dict write: no lock (a scope's replies come from one task, in order)
+    _queue.put((where, scope, key, reply, number))
 
 
 def flush() -> None:
@@ -262,10 +247,9 @@ def flush() -> None:
 
 def _forget_the_writer() -> None:
     """In a forked child: the parent's writer thread does not run here, nor does what it had queued belong here."""
-    global _writer, _queue, _queued_lock
-    _writer, _queue, _queued_lock = None, queue.SimpleQueue(), threading.Lock()
-    _queued_calls.clear()
-    _queued_scopes.clear()
+    global _writer, _queue, _writer_lock
+    _writer, _queue, _writer_lock = None, queue.SimpleQueue(), threading.Lock()
+    _unkept.clear()
 
 
 atexit.register(flush)
@@ -281,26 +265,27 @@ def _write_queued() -> None:
                 batch.append(_queue.get_nowait())
             except queue.Empty:
                 break
-        replies = [b for b in batch if not isinstance(b, threading.Event)]
-        by_target: dict[int, tuple[Target, list[tuple[str, str, str]]]] = {}
-        for target, scope, key, reply in replies:
-            by_target.setdefault(id(target[0]), (target, []))[1].append((scope, key, reply))
-        for target, items in by_target.values():
+        by_journal: dict[Where, list[tuple[str, str, str, int]]] = {}
+        for item in batch:
+            if not isinstance(item, threading.Event):
+                by_journal.setdefault(item[0], []).append(item[1:])
+        for where, items in by_journal.items():
             try:
-                _write(target, items)
+                _write(_db(where), [(scope, key, reply) for scope, key, reply, _ in items])
             except Exception as exc:  # the calls were made and answered; a resume makes them again
                 log.warning("call journal %s: %d replies not kept (%s: %s); a resumed run makes those calls again",
-                            target[0].where, len(items), type(exc).__name__, exc)
-        with _queued_lock:
-            for target, scope, key, reply in replies:
-                if _queued_calls.get((id(target[0]), key)) is reply:
-                    del _queued_calls[id(target[0]), key]
-                _queued_scopes[id(target[0]), scope] -= 1
-                if not _queued_scopes[id(target[0]), scope]:
-                    del _queued_scopes[id(target[0]), scope]
-        for b in batch:
-            if isinstance(b, threading.Event):
-                b.set()
+                            _name(where), len(items), type(exc).__name__, exc)
+            for scope, number in {scope: number for scope, _, _, number in items}.items():
+                if _unkept.get((where, scope)) == number:  # else a later reply of the scope is queued
+                    _unkept.pop((where, scope), None)
+        for item in batch:
+            if isinstance(item, threading.Event):
+                item.set()
+
+
+def _name(where: Where) -> str:
+    store, runs = where
+    return redacted(store) if store else str(Path("runs" if runs is None else runs) / "calls.db")
 
 
 def _write(target: Target, items: list[tuple[str, str, str]]) -> None:

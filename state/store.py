@@ -28,9 +28,10 @@ class StoreError(RuntimeError):
     """The store cannot be opened or used: its URL, and what failed."""
 
 
-def store_url() -> str | None:
-    """The PostgreSQL store the runs of this process use, or None for SQLite files under the runs root."""
-    url = os.environ.get("HERA_STORE", "").strip() or None
+def store_url(value: str | None = None) -> str | None:
+    """The PostgreSQL store the runs of this process use (`value`, else $HERA_STORE), or None for SQLite files under the
+    runs root."""
+    url = (os.environ.get("HERA_STORE", "") if value is None else value).strip() or None
     if url and not URL.match(url):
         raise StoreError(f"HERA_STORE={redacted(url)!r}: expected a PostgreSQL URL, postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
     return url
