@@ -44,7 +44,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 
 from langgraph.config import get_config
 
-from state.paths import RunPaths
+from state.paths import RunPaths, runs_dir
 from state.store import SqliteTables, Tables, postgres_tables, redacted, store_url
 
 T = TypeVar("T")
@@ -138,7 +138,7 @@ def _open(where: Where) -> Target:
     url = store_url(store or "")
     if url:
         return postgres_tables(url, "journal")
-    path = RunPaths(Path("runs" if runs is None else runs)).calls
+    path = _calls_file(runs)
     with _lock:
         if path not in _connections:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -285,7 +285,12 @@ def _write_queued() -> None:
 
 def _name(where: Where) -> str:
     store, runs = where
-    return redacted(store) if store else str(Path("runs" if runs is None else runs) / "calls.db")
+    return redacted(store) if store else str(_calls_file(runs))
+
+
+def _calls_file(runs: str | None) -> Path:
+    """`calls.db` under the runs root `runs` ($HERA_RUNS as it was; `runs_dir` when it is unset)."""
+    return RunPaths(Path(runs) if runs is not None else runs_dir()).calls
 
 
 def _write(target: Target, items: list[tuple[str, str, str]]) -> None:
