@@ -20,8 +20,9 @@
    processes against the same evaluation in one process, with a scripted
    model of near-zero latency (default 0 ms) so that the harness itself is
    the bottleneck and one process is CPU-bound; CPU per episode of the
-   coordinator (with Dask's scheduler) and of the workers. Goal: 2 workers
-   at least 1.7× one process.
+   coordinator (with Dask's scheduler) and of the workers; at 16 and at 32
+   attempts in flight (`--engine-concurrency`), each against one process at
+   the same concurrency. Goal: 2 workers at least 1.7× one process.
 
 The machine's load average before and after the run is printed with the
 results: a loaded machine lowers every share of ideal.
@@ -194,7 +195,7 @@ async def on_engine(workers: int | None, latency_s: float, turns: int, episodes:
     worker_cpu = sum(t - before.get(w, 0.0) for w, t in after.items())
     if not metrics.complete:
         raise SystemExit(f"engine {where}: only {metrics.finished}/{metrics.planned} episodes finished without an infrastructure error")
-    return {"engine": where or "in process", "workers": workers or 0, "episodes": metrics.finished, "wall_s": wall,
+    return {"engine": where or "in process", "workers": workers or 0, "concurrency": concurrency, "episodes": metrics.finished, "wall_s": wall,
             "eps_per_s": metrics.finished / wall, "coordinator_cpu_ms_per_episode": 1e3 * cpu / metrics.finished,
             "workers_cpu_ms_per_episode": 1e3 * worker_cpu / metrics.finished}
 
@@ -219,10 +220,11 @@ def summary(result: dict) -> dict:
         beside.append({"concurrency": b["concurrency"], "ours_cpu_ms": statistics.median(t["cpu_ms_per_episode"] for t in mine),
                        "bare_cpu_ms": b["cpu_ms_per_episode"], "ratio": statistics.median(ratios), "ratios": ratios,
                        "ours_of_ideal_pct": statistics.median(t["of_ideal_pct"] for t in mine), "bare_of_ideal_pct": b["of_ideal_pct"]})
-    one = {r["round"]: r for r in result["engine"] if not r["workers"]}
+    one = {(r["round"], r["concurrency"]): r for r in result["engine"] if not r["workers"]}
     engine_rows = []
-    for e in medians(result["engine"], "engine"):
-        speedups = [r["eps_per_s"] / one[r["round"]]["eps_per_s"] for r in result["engine"] if r["engine"] == e["engine"]]
+    for e in medians(result["engine"], "concurrency", "engine"):
+        speedups = [r["eps_per_s"] / one[r["round"], r["concurrency"]]["eps_per_s"] for r in result["engine"]
+                    if (r["engine"], r["concurrency"]) == (e["engine"], e["concurrency"])]
         engine_rows.append({**e, "speedup": statistics.median(speedups), "speedups": speedups})
     return {"beside_bare": beside, "engine": engine_rows}
 
@@ -237,9 +239,9 @@ def main() -> None:
     parser.add_argument("--engine-workers", type=int, nargs="*", default=[1, 2, 4], help="worker processes of each engine run")
     parser.add_argument("--engine-latency-ms", type=float, default=0, help="the scripted model's latency on the engine")
     parser.add_argument("--engine-episodes", type=int, default=512, help="episodes of each engine run (a run of a few seconds: shorter ones are mostly start-up noise)")
-    parser.add_argument("--engine-concurrency", type=int, default=16,
-                        help="attempts in flight, on the engine and in one process alike (at 8, two workers have no task waiting "
-                             "while they run one: 1.2-1.5x one process against 1.4-1.7x at 16)")
+    parser.add_argument("--engine-concurrency", type=int, nargs="*", default=[16, 32],
+                        help="attempts in flight, on the engine and in one process alike, each a run of its own: a task carries "
+                             "the attempts ready at once (at most 16), and at 16 two workers' tasks carry about 8 each")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every measurement (medians reported): CPU figures move by "
                                                                 "a third from run to run on a shared 2-core machine")
     parser.add_argument("--json", action="store_true")
@@ -260,10 +262,11 @@ def main() -> None:
                         api.tune_gc()
                     result["throughput"].append({**asyncio.run(throughput(c, latency, args.turns, args.waves, Path(tmp))), "round": round_})
                 result["bare"].append({**asyncio.run(bare(c, latency, args.turns, args.waves)), "round": round_})
-            for workers in [None, *args.engine_workers]:  # gc tuned, as `hera eval` runs
-                result["engine"].append({**asyncio.run(on_engine(workers, args.engine_latency_ms / 1000, args.turns, args.engine_episodes,
-                                                                 args.engine_concurrency, Path(tmp))), "round": round_})
-                engine.close()
+            for concurrency in args.engine_concurrency:
+                for workers in [None, *args.engine_workers]:  # gc tuned, as `hera eval` runs
+                    result["engine"].append({**asyncio.run(on_engine(workers, args.engine_latency_ms / 1000, args.turns, args.engine_episodes,
+                                                                     concurrency, Path(tmp))), "round": round_})
+                    engine.close()
     result["load_average"] = {"before": load_before, "after": os.getloadavg(), "cpus": os.cpu_count()}
     result["summary"] = summary(result)
     if args.json:
@@ -289,11 +292,11 @@ def main() -> None:
                      f"{min(row['ratios']):.2f}–{max(row['ratios']):.2f}×", f"{row['ours_of_ideal_pct']:.1f}", f"{row['bare_of_ideal_pct']:.1f}")
     console.print(side)
     scaling = Table(title=f"on the engine: {args.engine_episodes} episodes, {args.turns} turns × {args.engine_latency_ms:.0f} ms model "
-                          f"latency, concurrency {args.engine_concurrency}, medians of {args.rounds} rounds (goal: 2 workers ≥ 1.7× one process)")
-    for col in ("where", "episodes/s", "× one process", "range", "coordinator CPU ms/episode", "workers CPU ms/episode"):
+                          f"latency, medians of {args.rounds} rounds (goal: 2 workers ≥ 1.7× one process at the same concurrency)")
+    for col in ("concurrency", "where", "episodes/s", "× one process", "range", "coordinator CPU ms/episode", "workers CPU ms/episode"):
         scaling.add_column(col, justify="right")
     for row in sums["engine"]:
-        scaling.add_row(row["engine"], f"{row['eps_per_s']:.2f}", f"{row['speedup']:.2f}×", f"{min(row['speedups']):.2f}–{max(row['speedups']):.2f}×",
+        scaling.add_row(str(row["concurrency"]), row["engine"], f"{row['eps_per_s']:.2f}", f"{row['speedup']:.2f}×", f"{min(row['speedups']):.2f}–{max(row['speedups']):.2f}×",
                         f"{row['coordinator_cpu_ms_per_episode']:.1f}", f"{row['workers_cpu_ms_per_episode']:.1f}")
     console.print(scaling)
     load = result["load_average"]

@@ -181,7 +181,10 @@ async def evaluate(
                                                   "seed": seed, **({"sides": sides} if sides else {})}
             if payload:
                 await asyncio.to_thread(_check_same_run, run_id, payload, context)
-            async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="sync"):
+            # Checkpointed when the run ends, not after each episode: the ledger already keeps every finished episode (the
+            # rollout cache), so a run killed before its end starts again from the planner and reuses them; a per-episode
+            # write of the record to the checkpoints as well cost 9% of an episode's CPU (benchmarks/bench_runtime.py).
+            async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="exit"):
                 for node, value in update.items():
                     if node == "episode_worker" and on_episode and value:
                         for record in value["results"].values():
