@@ -182,8 +182,9 @@ async def evaluate(
             if payload:
                 await asyncio.to_thread(_check_same_run, run_id, payload, context)
             # Checkpointed when the run ends, not after each episode: the ledger already keeps every finished episode (the
-            # rollout cache), so a run killed before its end starts again from the planner and reuses them; a per-episode
-            # write of the record to the checkpoints as well cost 9% of an episode's CPU (benchmarks/bench_runtime.py).
+            # rollout cache), so a run killed before its end starts again from the planner and reuses them. Writing each
+            # record to the checkpoints as well took 2% of the event loop in one process and 9% of the coordinator's CPU
+            # on the engine (py-spy, benchmarks/bench_runtime.py at 64 episodes in flight and on 2 workers).
             async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="exit"):
                 for node, value in update.items():
                     if node == "episode_worker" and on_episode and value:
