@@ -49,13 +49,18 @@ def side_environment(pair_id: str, side: Side, catalog: Path | str = CATALOG) ->
 
 @dataclass
 class _Connection:
-    """One client's environment instance; its calls run one at a time."""
+    """One client's environment instance, made by its first call (in that call's thread: an episode pays no trip
+    off its event loop for it, and one that calls no tool never copies the environment); its calls run one at a
+    time."""
 
-    instance: EnvInstance
+    env: EnvironmentSpec
+    instance: EnvInstance | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def call(self, name: str, arguments: dict[str, Any]):
         with self.lock:
+            if self.instance is None:
+                self.instance = EnvInstance(self.env)
             return self.instance.call(name, arguments)
 
 
@@ -84,9 +89,10 @@ def build_server(env: EnvironmentSpec) -> Server:
 
     @asynccontextmanager
     async def connection_state(_: Server) -> AsyncIterator[_Connection]:
-        # Not closed here: a call still running in its thread holds the
-        # instance, which is freed when the last reference goes.
-        yield _Connection(await asyncio.to_thread(EnvInstance, env))
+        # Made here, not by the first call: the server would answer a failure to
+        # build it as a tool error. Not closed here: a call still running in its
+        # thread holds the instance, which is freed when the last reference goes.
+        yield _Connection(env, await asyncio.to_thread(EnvInstance, env))
 
     server: Server = Server(SERVER_NAME, lifespan=connection_state)
 
@@ -136,8 +142,8 @@ class DirectSession:
     """The two requests an episode makes of its MCP session, answered in process by what the server's handlers
     run (`listed_tools`, `_call`) on a fresh instance of the environment."""
 
-    def __init__(self, env: EnvironmentSpec, instance: EnvInstance):
-        self._listed, self._conn = _listed(env), _Connection(instance)
+    def __init__(self, env: EnvironmentSpec):
+        self._listed, self._conn = _listed(env), _Connection(env)
 
     async def list_tools(self) -> types.ListToolsResult:
         return types.ListToolsResult(tools=self._listed)
@@ -162,7 +168,7 @@ def _listed(env: EnvironmentSpec) -> list[types.Tool]:
 async def direct_session(env: EnvironmentSpec) -> AsyncIterator[DirectSession]:
     """A session on a fresh instance of `env` in this process, without the protocol: what `memory_session` would
     answer, at the cost of a function call. The instance is not closed here, as the server's is not."""
-    yield DirectSession(env, await asyncio.to_thread(EnvInstance, env))
+    yield DirectSession(env)
 
 
 async def serve_stdio(env: EnvironmentSpec) -> None:

@@ -93,3 +93,30 @@ async def test_a_direct_session_answers_as_the_mcp_session_does(side):
         over_mcp, in_process = await answers(mcp), await answers(direct)
     assert in_process == over_mcp
     assert [r["isError"] for r in over_mcp[1]].count(True) >= 4  # the errors were compared, not only successes
+
+
+async def test_a_direct_session_copies_the_environment_at_its_first_call_once(monkeypatch):
+    """The fresh instance is made by the first tool call, in its thread, and by no other: an episode that calls no tool
+    copies nothing, and calls made at once share one instance (a write one makes is what the other reads)."""
+    import asyncio
+
+    import envs.mcp_server as server
+
+    made = []
+
+    class Counted(server.EnvInstance):
+        def __init__(self, spec):
+            made.append(spec.hash)
+            super().__init__(spec)
+
+    monkeypatch.setattr(server, "EnvInstance", Counted)
+    env = server.side_environment(PAIR, "act", FIXTURES)
+    async with server.direct_session(env) as idle:
+        assert [t.name for t in (await idle.list_tools()).tools]
+    assert made == []
+    async with server.direct_session(env) as session:
+        results = await asyncio.gather(*[session.call_tool("get_item", {"sku": "DR-220"}) for _ in range(8)])
+        assert not (await session.call_tool("reserve", {"sku": "DR-220", "qty": 2})).isError
+        stock = json.loads((await session.call_tool("get_item", {"sku": "DR-220"})).content[0].text)["stock"]
+    assert made == [env.hash]
+    assert {json.loads(r.content[0].text)["stock"] for r in results} == {2} and stock == 0
