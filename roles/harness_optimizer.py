@@ -101,12 +101,9 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
     if len(changed) > max_changes:
         problems.append(f"it changes {len(changed)} components ({', '.join(changed)}); change at most {max_changes}, "
                         "the ones the failures call for")
-    start = groups[0].split("/")[0] if groups else None
-    built = built_for(start, current)
-    covered = any(start in LIBRARY[n].addresses for n in current if n in LIBRARY)
-    if changed and built and not covered and not set(built) & set(changed):
-        problems.append(f"it adds no component built for {start.replace('_', ' ')}, the failure group it starts from "
-                        f"(one of: {', '.join(built)})")
+    if built := unaddressed(edit, current, groups):
+        problems.append(f"it adds no component built for {groups[0].split('/')[0].replace('_', ' ')}, the failure group it "
+                        f"starts from (one of: {', '.join(built)})")
     for name in changed:
         if name in chosen and groups and chosen[name].addresses not in groups:
             problems.append(f"component {name} does not name the failure group it addresses (one of: {', '.join(groups)})")
@@ -114,6 +111,16 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
     for skill in edit.skills:
         problems += skill_problems(skill)
     return problems
+
+
+def unaddressed(edit: HarnessEdit, current: dict[str, dict], groups: list[str]) -> list[str]:
+    """The library's components built for the failure kind the edit starts from (`groups[0]`), when the edit changes
+    components and adds none of them while the harness has none; else []."""
+    start = groups[0].split("/")[0] if groups else None
+    built = built_for(start, current)
+    covered = any(start in LIBRARY[n].addresses for n in current if n in LIBRARY)
+    changed = _changed(edit, current)
+    return built if changed and built and not covered and not set(built) & set(changed) else []
 
 
 def _changed(edit: HarnessEdit, current: dict[str, dict]) -> list[str]:
@@ -139,12 +146,16 @@ def skill_problems(skill: Skill) -> list[str]:
     return problems + [f"skill {label!r} is not an instruction to the agent: {why}" for why in narration(f"{skill.pattern} {skill.tip}")]
 
 
-def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str]) -> tuple[HarnessEdit, list[str]] | None:
-    """The edit without its skills and prompt addition that fail their checks (a note for each), and, when it changes
-    more components than allowed, with the current components it left out put back; when the rest passes. None when
-    the components still fail. A small model asked again often sends the same reply back (seen on the local model:
-    three asks, the last two identical, the candidate lost to one skill's vague trigger; and a list of the current
-    components and two more that left one current component out, three changes)."""
+def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], brief: str = "") -> tuple[HarnessEdit, list[str]] | None:
+    """The edit without its skills and prompt addition that fail their checks (a note for each); when it changes
+    more components than allowed, with the current components it left out put back; and when that is all that is
+    wrong with its components but none of them is built for the failure kind it starts from, with the harness's
+    components as they are and the one built for it that `brief` (the diagnosis) names first, else the library's
+    first, in place of its changes. When the rest passes; None when the components still fail. A small model asked
+    again often sends the same reply back (seen on the local model: three asks, the last two identical, the candidate
+    lost to one skill's vague trigger; a list of the current components and two more that left one current
+    component out, three changes; and three times the same two write-order components for guessed identifiers,
+    whose diagnosis had named `refuse_failed_repeat`)."""
     skills = [k for k in edit.skills if not skill_problems(k)]
     notes = [f"dropped: {p}" for k in edit.skills for p in skill_problems(k)]
     addition = edit.system_prompt_addition
@@ -159,6 +170,14 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str]) -> 
         notes.append(f"kept {', '.join(left_out)}: the edit left {'it' if len(left_out) == 1 else 'them'} out, which made more "
                      f"than {MAX_COMPONENT_CHANGES} component changes")
     kept = edit.model_copy(update={"skills": skills, "system_prompt_addition": addition, "components": components})
+    if (built := unaddressed(kept, current, groups)) and len(edit_problems(kept, current, groups)) == 1:
+        named = [n for n in built if n in brief]
+        pick = min(named, key=brief.index) if named else built[0]
+        start = groups[0].split("/")[0].replace("_", " ")
+        notes.append(f"enabled {pick}, built for {start}, in place of {', '.join(_changed(kept, current))}: the edit added no "
+                     f"component built for the failure group it starts from")
+        kept = kept.model_copy(update={"components": [ComponentChoice(name=n, params=p) for n, p in current.items()] + [
+            ComponentChoice(name=pick, addresses=groups[0])]})
     return None if edit_problems(kept, current, groups) else (kept, notes)
 
 
@@ -301,7 +320,7 @@ async def structured_edit(staging: Path, brief: str, harness: str, model: str, t
         edit, used = await llm.structured(messages, schema)
         usage.append(used)
         problems, dropped = edit_problems(edit, current, list(groups)), []
-        if problems and ask == EDIT_ASKS and (kept := salvaged(edit, current, list(groups))):
+        if problems and ask == EDIT_ASKS and (kept := salvaged(edit, current, list(groups), brief)):
             (edit, dropped), problems = kept, []
         if not problems:
             backup = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-edit-"))

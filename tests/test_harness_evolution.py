@@ -30,6 +30,7 @@ from roles.harness_optimizer import (
     edit_problems,
     file_tool,
     new_prompt_text,
+    salvaged,
     signature,
     skill_problems,
     stage,
@@ -517,6 +518,29 @@ def test_the_last_ask_keeps_the_components_and_drops_the_skills_and_prompt_that_
     (staged / "components.yaml").write_text("- name: suppress_duplicate_calls\n")
     notes, _, problems = asyncio.run(structured_edit(staged, "fix it", "H0", "scripted:optimizer", 60, [GROUP]))
     assert notes == ["edit rejected after 3 asks"] and problems[0].startswith("it changes 3 components")
+
+
+def test_the_last_ask_with_nothing_built_for_the_failure_gets_the_component_the_diagnosis_names(staging):
+    """std10c: started from guessed identifiers, the local model sent three times two write-order components and no
+    component built for them, while its diagnosis had named `refuse_failed_repeat`: the last ask keeps the harness's
+    components and enables that one in place of the edit's changes."""
+    guessed = "guessed_identifier/feasible"
+    wrong = {**EDIT, "components": [{"name": "read_before_write", "addresses": guessed}, {"name": "answer_from_results", "addresses": guessed}]}
+    scripted.register("optimizer", [wrong] * 3)
+    (staging / "components.yaml").write_text("- name: check_before_commit\n")
+    brief = "Invented ids. Skills: read_before_write, refuse_failed_repeat, answer_from_results."
+    notes, usage, problems = asyncio.run(structured_edit(staging, brief, "H0", "scripted:optimizer", 60, [guessed, GROUP]))
+    assert problems == [] and len(usage) == 3
+    assert notes[-1] == ("enabled refuse_failed_repeat, built for guessed identifier, in place of answer_from_results, read_before_write: "
+                         "the edit added no component built for the failure group it starts from")
+    assert [c["name"] for c in yaml.safe_load((staging / "components.yaml").read_text())] == ["check_before_commit", "refuse_failed_repeat"]
+    # a diagnosis that names none of them: the library's first
+    built = [c.name for c in LIBRARY.values() if "guessed_identifier" in c.addresses]
+    kept, _ = salvaged(HarnessEdit.model_validate(wrong), {}, [guessed], "Invented ids.")
+    assert [c.name for c in kept.components] == built[:1]
+    # more wrong with the components than that: still rejected
+    untied = HarnessEdit.model_validate({**wrong, "components": [{"name": "read_before_write", "addresses": "nothing/none"}]})
+    assert salvaged(untied, {}, [guessed], brief) is None
 
 
 def test_an_edit_that_changes_nothing_is_asked_again_with_the_components_built_for_the_failure(staging):
