@@ -96,7 +96,7 @@ async def test_a_direct_session_answers_as_the_mcp_session_does(side):
 
 
 async def test_a_direct_session_copies_the_environment_at_its_first_call_once(monkeypatch):
-    """The fresh instance is made by the first tool call, in its thread, and by no other: an episode that calls no tool
+    """The fresh instance is made by the first tool call and by no other: an episode that calls no tool
     copies nothing, and calls made at once share one instance (a write one makes is what the other reads)."""
     import asyncio
 
