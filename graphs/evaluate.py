@@ -1,33 +1,41 @@
 """The `evaluate` graph: a harness on both sides of pairs, graded and scored.
 
 `planner` checks the bundle in the sandbox and the pairs, and orders the pairs
-by environment; `fan_out_episodes` sends one `EpisodeTask` per pair × side ×
-trial, in that order, to `episode_worker`, which
-reuses a finished episode from the rollout cache (the ledger) or runs, grades
-and stores it, re-running infrastructure errors, and runs nothing more once a
-model's endpoint is down (`roles.models.endpoint_down`), which leaves the run
-incomplete for a resume; `scorer` computes the metrics. An episode is run
-under a claim on its key in the ledger: a concurrent evaluation that needs the
-same episode waits for the result instead of running it again, and every run
-scores the record the ledger holds. Concurrency is bounded by the caller's
-`max_concurrency`; each attempt runs in this process or on the engine `graphs.engine` opens.
+by environment; `episodes` runs one `EpisodeTask` per pair × side × trial, in
+that order, at most the caller's `max_concurrency` at once, each through
+`episode_worker`, which reuses a finished episode from the rollout cache (the
+ledger) or runs, grades and stores it, re-running infrastructure errors, and
+runs nothing more once a model's endpoint is down
+(`roles.models.endpoint_down`), which leaves the run incomplete for a resume;
+`scorer` computes the metrics. An episode is run under a claim on its key in
+the ledger: a concurrent evaluation that needs the same episode waits for the
+result instead of running it again, and every run scores the record the ledger
+holds. Each attempt runs in this process or on the engine `graphs.engine` opens.
+
+The episodes are one node's work, not one task (`Send`) each: LangGraph's
+runner waits on every task of a step at each wake-up and filters its pending
+writes at each task's end, which made the coordinator's CPU per episode grow
+with the episodes in a run (10% of it at 512 episodes, py-spy on
+benchmarks/bench_runtime.py). The one who asked for the run sees each episode
+as it ends (`ON_EPISODE`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import subprocess
 import time
 import traceback
 import uuid
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Callable
 
 import anyio
 from langchain_core.messages import messages_to_dict
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
-from langgraph.types import Send
 from mcp.shared.exceptions import McpError
 from typing_extensions import NotRequired, TypedDict
 
@@ -48,6 +56,8 @@ from state.metrics import Metrics, score
 from state.records import EpisodeKey, EpisodeRecord, capped, merge
 
 POLL_S = 1.0  # how often an episode that another evaluation is running is looked for in the ledger
+# Called with each episode's record as it ends, in the context of the run's caller (`graphs.runner.evaluate`).
+ON_EPISODE: contextvars.ContextVar[Callable[[EpisodeRecord], None] | None] = contextvars.ContextVar("hera_on_episode", default=None)
 
 
 class EvaluateInput(TypedDict):
@@ -62,11 +72,11 @@ class EvaluateInput(TypedDict):
 class EvaluateOutput(TypedDict, total=False):
     results: dict[str, EpisodeRecord]
     metrics: Metrics
+    order: list[str]  # the pairs grouped by environment, the order episodes run in
 
 
 class EvaluateState(EvaluateInput, EvaluateOutput, total=False):
     results: Annotated[dict[str, EpisodeRecord], merge]
-    order: list[str]  # the pairs grouped by environment, the order episodes run in
     tiers: dict[str, str]  # pair id -> tier, for the scores by tier
 
 
@@ -116,12 +126,35 @@ def _check(bundle: str) -> list[str]:
     return problems
 
 
-def fan_out_episodes(state: EvaluateState) -> list[Send]:
+def episode_tasks(state: EvaluateState) -> list[EpisodeTask]:
     return [
-        Send("episode_worker", EpisodeTask(run_id=state["run_id"], request=EpisodeRequest(
-            pair_id=p, side=side, bundle=state["bundle"], seed=state["seed"], trial=t)))
+        EpisodeTask(run_id=state["run_id"], request=EpisodeRequest(pair_id=p, side=side, bundle=state["bundle"], seed=state["seed"], trial=t))
         for p in state.get("order") or state["pair_ids"] for t in range(state["trials"]) for side in state.get("sides") or ("act", "abstain")
     ]
+
+
+async def episodes(state: EvaluateState, runtime: Runtime[Context], config: RunnableConfig) -> dict:
+    """Every episode of the run through `episode_worker`, in the planned order, at most `max_concurrency` at once (all
+    at once without it). An exception that is our bug stops the others and fails the run."""
+    tasks = episode_tasks(state)
+    queue, results, told = iter(tasks), {}, ON_EPISODE.get()
+
+    async def work() -> None:
+        for task in queue:  # the workers share one iterator: each takes the next episode when its last one ends
+            update = await episode_worker(task, runtime)
+            for slot, record in update.get("results", {}).items():
+                results[slot] = record
+                if told:
+                    told(record)
+
+    workers = [asyncio.create_task(work()) for _ in range(min(config.get("max_concurrency") or len(tasks), len(tasks)))]
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+    return {"results": results}
 
 
 async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
@@ -274,11 +307,11 @@ async def scorer(state: EvaluateState, runtime: Runtime[Context]) -> dict:
 def build_evaluate() -> StateGraph:
     builder = StateGraph(EvaluateState, context_schema=Context, input_schema=EvaluateInput, output_schema=EvaluateOutput)
     builder.add_node(planner)
-    builder.add_node(episode_worker)
+    builder.add_node(episodes)
     builder.add_node(scorer)
     builder.add_edge(START, "planner")
-    builder.add_conditional_edges("planner", fan_out_episodes, ["episode_worker"])
-    builder.add_edge("episode_worker", "scorer")
+    builder.add_edge("planner", "episodes")
+    builder.add_edge("episodes", "scorer")
     builder.add_edge("scorer", END)
     return builder
 

@@ -185,16 +185,15 @@ async def evaluate(
             # rollout cache), so a run killed before its end starts again from the planner and reuses them. Writing each
             # record to the checkpoints as well took 2% of the event loop in one process and 9% of the coordinator's CPU
             # on the engine (py-spy, benchmarks/bench_runtime.py at 64 episodes in flight and on 2 workers).
-            async for update in graph.astream(payload, config, context=context, stream_mode="updates", durability="exit"):
-                for node, value in update.items():
-                    if node == "episode_worker" and on_episode and value:
-                        for record in value["results"].values():
-                            on_episode(record)
-            final = await graph.aget_state(config)
-    order = {p: i for i, p in enumerate(final.values.get("order") or pair_ids)}
-    episodes = sorted(final.values.get("results", {}).values(),
+            told = evaluate_graph.ON_EPISODE.set(on_episode)
+            try:
+                final = await graph.ainvoke(payload, config, context=context, durability="exit")
+            finally:
+                evaluate_graph.ON_EPISODE.reset(told)
+    order = {p: i for i, p in enumerate(final.get("order") or pair_ids)}
+    episodes = sorted(final.get("results", {}).values(),
                       key=lambda r: (order.get(r.pair_id, len(order)), r.key.trial, r.key.side != "act"))
-    return Evaluation(run_id, final.values["metrics"], tuple(episodes))
+    return Evaluation(run_id, final["metrics"], tuple(episodes))
 
 
 def _check_request(pair_ids: list[str], trials: int, concurrency: int, context: Context) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,36 @@ def test_rerun_reuses_finished_episodes(context):
     assert second.counts == first.counts and second.percent == first.percent
     attempts = Ledger(context.ledger).attempts(second_id)
     assert sorted(a["status"] for a in attempts) == ["reused", "reused"]
+
+
+def test_episodes_start_in_the_planned_order_at_most_concurrency_at_once_and_are_reported_as_they_end(context, monkeypatch):
+    from graphs import evaluate as evaluate_graph
+
+    worker, started, ended, flight = evaluate_graph.episode_worker, [], [], Counter()
+
+    async def counted(task, runtime):
+        request = task["request"]
+        started.append((request.trial, request.side))
+        flight["now"] += 1
+        flight["most"] = max(flight["most"], flight["now"])
+        try:
+            await asyncio.sleep(0.01)  # the others start now if the bound lets them
+            return await worker(task, runtime)
+        finally:
+            flight["now"] -= 1
+            ended.append((request.trial, request.side))
+
+    monkeypatch.setattr(evaluate_graph, "episode_worker", counted)
+    scripted.register("agent", [shop_agent] * 15)
+    scripted.register("judge", [shop_judge] * 3)  # one verdict per answer: the three refusals may share one
+    told = []
+    run = asyncio.run(api.evaluate("H0", [PAIR], context, trials=3, concurrency=2,
+                                   on_episode=lambda r: told.append(((r.key.trial, r.key.side), len(ended)))))
+    scripted.assert_consumed("agent")
+    assert run.metrics.complete and run.metrics.counts["pair"] == 3
+    assert started == [(t, side) for t in range(3) for side in ("act", "abstain")] and flight["most"] == 2
+    # each record reaches the caller right after its episode ends, not with the others at the run's end
+    assert sorted(key for key, _ in told) == sorted(started) and [n for _, n in told] == list(range(1, 7))
 
 
 def test_an_episode_an_earlier_judge_graded_is_judged_again_when_reused_and_stored_so(context):
@@ -596,3 +627,39 @@ def test_only_an_infrastructure_failure_is_recorded_and_re_run_our_own_bug_fails
     else:
         with pytest.raises((KeyError, ExceptionGroup)):
             evaluate(context)
+
+
+def test_a_run_an_older_graph_left_unfinished_starts_again_from_the_planner(context):
+    """An interrupted evaluation's checkpoint whose pending task names a node the graph no longer has (its
+    episodes were once a `Send` each to `episode_worker`) shows no task to this graph: the run is planned again,
+    not resumed into nothing."""
+    from langgraph.graph import END, START, StateGraph
+    from graphs import evaluate as evaluate_graph, runner
+    from state.paths import RunPaths
+
+    async def episode_worker(task):
+        raise RuntimeError("interrupted")
+
+    old = StateGraph(evaluate_graph.EvaluateState, context_schema=Context)
+    old.add_node("planner", evaluate_graph.planner)
+    old.add_node("episode_worker", episode_worker)
+    old.add_edge(START, "planner")
+    old.add_edge("planner", "episode_worker")
+    old.add_edge("episode_worker", END)
+
+    async def interrupted():
+        RunPaths.here().root.mkdir(parents=True, exist_ok=True)
+        async with runner.checkpointer(RunPaths.here().checkpoints) as saver:
+            graph = old.compile(checkpointer=saver)
+            config = {"configurable": {"thread_id": "older"}}
+            with pytest.raises(RuntimeError, match="interrupted"):
+                await graph.ainvoke({"run_id": "older", "bundle": "H0", "pair_ids": [PAIR], "trials": 1, "seed": 0}, config,
+                                    context=context, durability="exit")
+            return [t.name for t in (await graph.aget_state(config)).tasks]
+
+    assert asyncio.run(interrupted()) == ["episode_worker"]
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge])
+    run_id, m = evaluate(context, run_id="older")
+    scripted.assert_consumed()
+    assert run_id == "older" and m.complete and m.counts["pair"] == 1
