@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import gc
 import json
 import secrets
@@ -185,7 +186,10 @@ async def evaluate(
             # rollout cache), so a run killed before its end starts again from the planner and reuses them. Writing each
             # record to the checkpoints as well took 2% of the event loop in one process and 9% of the coordinator's CPU
             # on the engine (py-spy, benchmarks/bench_runtime.py at 64 episodes in flight and on 2 workers).
-            told = evaluate_graph.ON_EPISODE.set(on_episode)
+            # told in the caller's context, not the node's: a caller inside a graph node that asks LangGraph for its
+            # stream writer as each episode ends gets its own graph's writer, not the evaluation's
+            caller = contextvars.copy_context()
+            told = evaluate_graph.ON_EPISODE.set(on_episode and (lambda record: caller.run(on_episode, record)))
             try:
                 final = await graph.ainvoke(payload, config, context=context, durability="exit")
             finally:

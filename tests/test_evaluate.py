@@ -663,3 +663,32 @@ def test_a_run_an_older_graph_left_unfinished_starts_again_from_the_planner(cont
     run_id, m = evaluate(context, run_id="older")
     scripted.assert_consumed()
     assert run_id == "older" and m.complete and m.counts["pair"] == 1
+
+
+def test_an_evaluation_inside_a_graph_node_tells_that_graphs_stream_of_each_episode(context):
+    """A node that evaluates and writes each episode to its own graph's stream as it ends (the co-evolution's
+    progress asks LangGraph for the writer then) reaches that graph's stream, not the evaluation's."""
+    from langgraph.config import get_stream_writer
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    class State(TypedDict, total=False):
+        done: int
+
+    async def evaluating(state: State) -> dict:
+        run = await api.evaluate("H0", [PAIR], context, on_episode=lambda r: get_stream_writer()({"episode": r.key.side}))
+        return {"done": len(run.episodes)}
+
+    outer = StateGraph(State)
+    outer.add_node(evaluating)
+    outer.add_edge(START, "evaluating")
+    outer.add_edge("evaluating", END)
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge])
+
+    async def streamed():
+        return [chunk async for chunk in outer.compile().astream({}, stream_mode=["custom", "updates"])]
+
+    chunks = asyncio.run(streamed())
+    assert sorted(value["episode"] for kind, value in chunks if kind == "custom") == ["abstain", "act"]
+    assert ("updates", {"evaluating": {"done": 2}}) in chunks
