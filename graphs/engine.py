@@ -2,17 +2,18 @@
 
 `run_attempt` runs one attempt of an episode and returns its record; the caller (the evaluate graph's
 `episode_worker`) keeps the claim, the rollout cache, the ledger writes and the re-runs. With an engine the
-attempts that are ready at the same time go to the cluster as one Dask task, `attempts` (`_Batch`): a worker
-process loads each pair, opens the ledger (the judge's cached verdicts) and runs, grades and judges the episodes
-through the same function as in process, at once on its loop, with the coordinator's `HERA_*` settings and under
-each attempt's call-journal scope. A worker that dies mid-task (killed, out of memory, its machine gone) has the
-task run again on another worker by Dask, at most `ALLOWED_FAILURES` times on a cluster started here; a task Dask
-gives up on, or loses with the scheduler, comes back as an infrastructure error for each of its attempts, which
-the caller re-runs and never scores. `local:N` starts a `LocalCluster` of N single-threaded worker processes on
-first use (closed at exit); `tcp://HOST:PORT` joins a running scheduler. One client per address and process, on
-Dask's own event-loop thread: a result is awaited through a done-callback, so the caller's loop (every
-`asyncio.run` has its own) is never blocked. A worker runs its episodes on one event loop of its own, kept for the
-life of the process.
+attempts that are ready at the same time go to the cluster as Dask tasks, `attempts`, each carrying an even
+share of the attempts in flight for one of the cluster's worker threads (`_Batch`): a worker process loads each
+pair, opens the ledger (the judge's cached verdicts) and runs, grades and judges the episodes through the same
+function as in process, at once on its loop, with the coordinator's `HERA_*` settings and under each attempt's
+call-journal scope. A worker that dies mid-task (killed, out of memory, its machine gone) has the task run again
+on another worker by Dask, at most `ALLOWED_FAILURES` times on a cluster started here; a task Dask gives up on, or
+loses with the scheduler, comes back as an infrastructure error for each of its attempts, which the caller re-runs
+and never scores. `local:N` starts a `LocalCluster` of N worker processes of `THREADS_PER_WORKER` threads on first
+use (closed at exit); `tcp://HOST:PORT` joins a running scheduler. One client per address and process, on Dask's
+own event-loop thread: a result is awaited through a done-callback, so the caller's loop (every `asyncio.run` has
+its own) is never blocked. A worker runs its episodes on one event loop of its own, kept for the life of the
+process, whichever of its threads took their task.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import gc
 import os
 import re
 import threading
+import time
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -51,7 +54,9 @@ LOCAL = re.compile(r"local:(\d+)")
 REMOTE = re.compile(r"tcp://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):(\d{1,5})")
 
 BATCH = 16  # attempts a task carries at most
-GATHER_S = 0.005  # how long a ready attempt waits for others to share its task (2 ms: 10% fewer episodes/s on 2 workers, 10 ms: 25%)
+GATHER_S = 0.02  # how long a ready attempt waits for fewer than `_Batch.share` others to be ready
+THREADS_PER_WORKER = 2  # a LocalCluster worker's task slots: it takes its next task while its last one's results travel
+SLOTS_TTL_S = 10.0  # how long the cluster's count of worker threads is trusted (workers join and leave)
 THREADS = 4  # an event loop's pool for blocking work (`bound_pool`)
 
 _clusters: dict[int, LocalCluster] = {}
@@ -88,7 +93,7 @@ def client(engine: str) -> Client:
             atexit.register(close)
         if isinstance(target, int) and target not in _clusters:
             with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
-                _clusters[target] = LocalCluster(n_workers=target, threads_per_worker=1, processes=True, dashboard_address=None)
+                _clusters[target] = LocalCluster(n_workers=target, threads_per_worker=THREADS_PER_WORKER, processes=True, dashboard_address=None)
         address = _clusters[target].scheduler_address if isinstance(target, int) else target
         if address not in _clients:
             try:
@@ -108,6 +113,7 @@ def close() -> None:
             cluster.close()
         _clients.clear()
         _clusters.clear()
+        _slots.clear()
 
 
 async def run_attempt(run: Attempt, entry: Entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger,
@@ -143,21 +149,28 @@ class _Lost(Exception):
 
 
 class _Batch:
-    """The attempts of one loop for one engine, sent as one task each `GATHER_S` (or at `BATCH` attempts): Dask's
-    scheduler and messages cost a task about as much CPU as a worker's episode, so a task carries what is ready. A
-    worker runs a task's attempts at once, on its loop; a task whose worker dies is run again whole on another
+    """The attempts of one loop for one engine, sent as tasks: Dask's scheduler and messages cost a task about as
+    much CPU as a worker's episode, so a task carries what is ready at once, up to an even share of the attempts in
+    flight for each of the cluster's worker threads (`share`, `BATCH` at most), or what is ready after `GATHER_S`.
+    A worker runs its tasks' attempts at once, on its loop; a task whose worker dies is run again whole on another
     worker (its records come back once, from the run that finished)."""
 
     def __init__(self, engine: str, run: Attempt):
         self.engine, self.run = engine, run
         self.pending: list[tuple[Job, asyncio.Future]] = []
         self.timer: asyncio.TimerHandle | None = None
+        self.out = 0  # attempts sent and not back yet
+        self.peak = 0  # the most attempts in flight at once since the engine was last idle
+        self.share = BATCH
 
     def add(self, job: Job) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        if not self.out and not self.pending:  # idle: the evaluation that set the peak and the share is over
+            self.peak, self.share = 0, BATCH
         self.pending.append((job, future))
-        if len(self.pending) >= BATCH:
+        self.peak = max(self.peak, self.out + len(self.pending))
+        if len(self.pending) >= self.share:
             self._send()
         elif self.timer is None:
             self.timer = loop.call_later(GATHER_S, self._send)
@@ -169,16 +182,27 @@ class _Batch:
             self.timer = None
         sent, self.pending = self.pending, []
         if sent:
-            asyncio.get_running_loop().create_task(self._task(sent))
+            self.out += len(sent)
+            asyncio.get_running_loop().create_task(self._tasks(sent))
 
-    async def _task(self, sent: list[tuple[Job, asyncio.Future]]) -> None:
+    async def _tasks(self, sent: list[tuple[Job, asyncio.Future]]) -> None:
+        """`sent` as tasks of `share` attempts, with the share made again from the cluster's worker threads."""
+        try:
+            dask, slots = await asyncio.to_thread(_cluster, self.engine)
+        except BaseException as exc:  # no client: every attempt sent gets it
+            self.out -= len(sent)
+            _deliver(sent, [exc] * len(sent))
+            return
+        self.share = max(1, min(BATCH, -(-self.peak // slots)))
+        await asyncio.gather(*(self._task(dask, sent[i:i + self.share]) for i in range(0, len(sent), self.share)))
+
+    async def _task(self, dask: Client, sent: list[tuple[Job, asyncio.Future]]) -> None:
         from distributed import KilledWorker
         from distributed.client import FutureCancelledError
         from distributed.comm import CommClosedError
 
         task = None
         try:
-            dask = await asyncio.to_thread(client, self.engine)
             task = dask.submit(attempts, self.run, [job for job, _ in sent], coordinator(),
                                key=f"episodes-{sent[0][0].episode_id}-{len(sent)}-{uuid.uuid4().hex[:8]}", pure=False)
             await _finished(task)
@@ -188,15 +212,32 @@ class _Batch:
         except BaseException as exc:  # every attempt waiting on the task gets it
             results = [exc] * len(sent)
         finally:
+            self.out -= len(sent)
             if task is not None:
                 task.release()
-        for (_, future), result in zip(sent, results):
-            if future.done():  # its episode was cancelled
-                continue
-            if isinstance(result, BaseException):  # a task's own exception is our bug: raised in the episode's run
-                future.set_exception(result)
-            else:
-                future.set_result(result)
+        _deliver(sent, results)
+
+
+def _deliver(sent: list[tuple[Job, asyncio.Future]], results: list) -> None:
+    for (_, future), result in zip(sent, results):
+        if future.done():  # its episode was cancelled
+            continue
+        if isinstance(result, BaseException):  # a task's own exception is our bug: raised in the episode's run
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+
+_slots: dict[str, tuple[float, int]] = {}
+
+
+def _cluster(engine: str) -> tuple[Client, int]:
+    """The client of `engine` and its cluster's worker threads (asked again after `SLOTS_TTL_S`; blocking)."""
+    dask = client(engine)
+    seen = _slots.get(engine)
+    if seen is None or time.monotonic() - seen[0] > SLOTS_TTL_S:
+        seen = _slots[engine] = (time.monotonic(), max(1, sum(dask.nthreads().values())))
+    return dask, seen[1]
 
 
 _batches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, Attempt], _Batch]] = weakref.WeakKeyDictionary()
@@ -228,6 +269,11 @@ def coordinator() -> dict:
 
 def _portable(ctx: Context) -> Context:
     """`ctx` with its catalog and ledger file as absolute paths, which mean the same in a worker."""
+    return _resolved(ctx, os.getcwd())
+
+
+@lru_cache(maxsize=64)
+def _resolved(ctx: Context, cwd: str) -> Context:
     ledger = ctx.ledger if ctx.ledger is None or is_url(ctx.ledger) else str(Path(ctx.ledger).resolve())
     return replace(ctx, catalog=str(Path(ctx.catalog).resolve()), ledger=ledger)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -348,7 +348,13 @@ class EpisodeKey(Record):
 
     @property
     def id(self) -> str:
-        return content_hash(self.model_dump(exclude_none=True))
+        return _key_id(self)
+
+
+@lru_cache(maxsize=4096)
+def _key_id(key: EpisodeKey) -> str:
+    """An episode key's id (made a few times for each episode: claim, attempts, records), by its fields."""
+    return content_hash(key.model_dump(exclude_none=True))
 
 
 class EpisodeRecord(Record):

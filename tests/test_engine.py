@@ -64,19 +64,28 @@ def test_episodes_on_the_engine_are_graded_and_scored_as_in_process(cluster, con
     assert sorted((a["side"], a["status"]) for a in attempts) == [("abstain", "done"), ("act", "done")]
 
 
-def test_attempts_ready_together_go_to_the_cluster_as_one_task(cluster, context, tmp_path, monkeypatch):
+def test_attempts_ready_together_go_to_the_cluster_in_an_even_share_for_each_worker_thread(cluster, context, tmp_path, monkeypatch):
     """Dask's scheduler and messages cost a task about what a worker's episode costs: the attempts that are ready at
-    the same time share one task, and each comes back with its own record."""
-    monkeypatch.setattr(engine, "GATHER_S", 0.5)  # every attempt of the run is ready well within it
+    the same time share tasks, one share for each of the cluster's worker threads (2 workers × 2 threads here), and
+    each comes back with its own record. A later evaluation on the same loop makes its share from its own attempts in
+    flight, not from the last one's."""
+    monkeypatch.setattr(engine, "GATHER_S", 0.5)  # every attempt of a run is ready well within it
     submitted, submit = [], cluster.submit
     monkeypatch.setattr(cluster, "submit", lambda fn, *args, **kw: submitted.append(len(args[1])) or submit(fn, *args, **kw))
-    cluster.register_plugin(scripted.worker_plugin(agent=[shop_agent] * 10, judge=[shop_judge] * 4))
-    remote = Context(**{**context.__dict__, "engine": ENGINE})
-    run = asyncio.run(api.evaluate("H0", [PAIR], remote, trials=2, concurrency=4))
-    assert submitted == [4]
-    assert run.metrics.complete and run.metrics.counts["pair"] == 2
+    cluster.register_plugin(scripted.worker_plugin(agent=[shop_agent] * 25, judge=[shop_judge] * 10))
+    small, large = (Context(**{**context.__dict__, "engine": ENGINE, "ledger": str(tmp_path / f"{name}.db")}) for name in ("small", "large"))
+
+    async def both():
+        first = await api.evaluate("H0", [PAIR], small, trials=1, concurrency=2)  # 2 attempts in flight: tasks of 1
+        sent = len(submitted)
+        return first, sent, await api.evaluate("H0", [PAIR], large, trials=4, concurrency=8)
+
+    first, sent, run = asyncio.run(both())
+    assert submitted[:sent] == [1, 1] and first.metrics.complete
+    assert submitted[sent:] == [2, 2, 2, 2]  # 8 in flight over 4 worker threads
+    assert run.metrics.complete and run.metrics.counts["pair"] == 4
     assert sorted((e.key.side, e.key.trial, e.status) for e in run.episodes) == [
-        ("abstain", 0, "done"), ("abstain", 1, "done"), ("act", 0, "done"), ("act", 1, "done")]
+        (side, trial, "done") for side in ("abstain", "act") for trial in range(4)]
 
 
 async def fails_on_the_act_side(entry, request, key, ctx, ledger, episode_id, thread=None) -> EpisodeRecord:
@@ -87,7 +96,8 @@ async def fails_on_the_act_side(entry, request, key, ctx, ledger, episode_id, th
 
 
 def test_an_attempt_that_raises_fails_its_own_episode_not_the_others_of_its_task(cluster, context, monkeypatch):
-    monkeypatch.setattr(engine, "GATHER_S", 0.5)  # both attempts in one task
+    monkeypatch.setattr(engine, "GATHER_S", 0.5)  # both attempts ready together,
+    monkeypatch.setitem(engine._slots, ENGINE, (float("inf"), 1))  # on one worker thread: one task
     remote = Context(**{**context.__dict__, "engine": ENGINE})
     entry = load_entry(PAIR, remote.catalog)
 
