@@ -28,11 +28,11 @@ import time
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterator
 
 from envs.catalog import Entry, load_entry, run_entry
 from roles.models import reset_endpoints
@@ -283,27 +283,49 @@ def attempts(run: Attempt, jobs: list[Job], settings: dict) -> list[EpisodeRecor
     worker's loop, each pair loaded and the ledger opened here; the model calls journaled as in process (an episode's
     under its run `thread`, the judge's under its `scope`). A job's exception comes back in its place."""
     global _frozen, _last_run
-    for name, value in settings["env"].items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    gc.set_threshold(*settings["gc_threshold"])
-    if not _frozen:  # a worker runs many episodes: its start-up objects leave the collector's view, once
-        gc.freeze()  # (gc.get_freeze_count() walks every frozen object: 25 ms, not a test to make per episode)
-        _frozen = True
-    for job in jobs:
-        if job.thread != _last_run:  # a new run tries again the endpoints an earlier one found down, as it does in process
-            reset_endpoints()
-            _last_run = job.thread
+    with _set_as(settings):
+        if not _frozen:  # a worker runs many episodes: its start-up objects leave the collector's view, once
+            gc.freeze()  # (gc.get_freeze_count() walks every frozen object: 25 ms, not a test to make per episode)
+            _frozen = True
+        for job in jobs:
+            if job.thread != _last_run:  # a new run tries again the endpoints an earlier one found down, as it does in process
+                reset_endpoints()
+                _last_run = job.thread
 
-    async def all_of() -> list:
-        return await asyncio.gather(*(_attempt_here(run, job) for job in jobs), return_exceptions=True)
+        async def all_of() -> list:
+            return await asyncio.gather(*(_attempt_here(run, job) for job in jobs), return_exceptions=True)
 
+        try:
+            return asyncio.run_coroutine_threadsafe(all_of(), _worker_loop()).result()
+        finally:
+            journal.flush()  # the jobs' calls are kept before their results go back, as a run's are before it returns
+
+
+_settled = threading.Condition()
+_in_force: tuple[dict | None, int] = (None, 0)  # the settings the worker's running tasks came with, and how many run
+
+
+@contextmanager
+def _set_as(settings: dict) -> Iterator[None]:
+    """The worker process set as `settings` say while a task runs. Environment variables are the process's: a task
+    sent with other settings (another coordinator's runs root or store) waits until the running tasks are done."""
+    global _in_force
+    with _settled:
+        _settled.wait_for(lambda: not _in_force[1] or _in_force[0] == settings)
+        if not _in_force[1]:
+            for name, value in settings["env"].items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            gc.set_threshold(*settings["gc_threshold"])
+        _in_force = (settings, _in_force[1] + 1)
     try:
-        return asyncio.run_coroutine_threadsafe(all_of(), _worker_loop()).result()
+        yield
     finally:
-        journal.flush()  # the jobs' calls are kept before their results go back, as a run's are before it returns
+        with _settled:
+            _in_force = (_in_force[0], _in_force[1] - 1)
+            _settled.notify_all()
 
 
 def bound_pool(loop: asyncio.AbstractEventLoop) -> None:

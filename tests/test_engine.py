@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import sqlite3
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -111,6 +112,42 @@ def test_an_attempt_that_raises_fails_its_own_episode_not_the_others_of_its_task
     act, abstain = asyncio.run(both())
     assert isinstance(act, ValueError) and str(act) == "a bug in the attempt"
     assert abstain.status == "done" and abstain.answer == "attempt-abstain" and abstain.key.side == "abstain"
+
+
+def test_a_worker_runs_a_task_sent_with_other_settings_once_its_running_tasks_are_done(context, monkeypatch):
+    """A worker has two threads, and a task sets the process's environment variables: tasks sent with the same
+    settings run at once, one sent with others (another coordinator's) waits for the running ones to end."""
+    monkeypatch.setenv("HERA_PROBE", "before")
+    seen = []
+
+    async def probe(entry, request, key, ctx, ledger, episode_id, thread=None) -> EpisodeRecord:
+        first, start = os.environ["HERA_PROBE"], time.monotonic()
+        await asyncio.sleep(0.3)
+        seen.append((episode_id, first, os.environ["HERA_PROBE"], start, time.monotonic()))
+        return EpisodeRecord(key=key, pair_id=request.pair_id, bundle=request.bundle, status="done", answer=episode_id)
+
+    key = EpisodeKey(harness_hash="h", env_hash="e", task_id=PAIR, side="act", model="scripted:agent", seed=0, trial=0)
+    settings = engine.coordinator()
+
+    def together(*probe_values: str) -> list[tuple]:
+        """Two tasks sent at once, each with HERA_PROBE set to its value: what each saw, by start."""
+        seen.clear()
+        threads = []
+        for n, value in enumerate(probe_values):
+            job = engine.Job(EpisodeRequest(pair_id=PAIR, side="act", bundle="H0"), key, context, f"{value}{n}", None, None)
+            sent = {**settings, "env": {**settings["env"], "HERA_PROBE": value}}
+            threads.append(threading.Thread(target=engine.attempts, args=(probe, [job], sent)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        return sorted(seen, key=lambda s: s[3])
+
+    first, second = together("a", "a")
+    assert second[3] < first[4]  # the same settings: both ran at once
+    first, second = together("a", "b")
+    assert {first[:3], second[:3]} == {("a0", "a", "a"), ("b1", "b", "b")}  # each saw its own settings throughout
+    assert second[3] >= first[4]  # the second waited for the first to end
 
 
 def stalled_agent(messages, tools, marker: str):
