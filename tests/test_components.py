@@ -25,6 +25,7 @@ from harness.components import (
     RefuseFailedRepeat,
     ReportTheChange,
     ResolveNamedEntities,
+    named_changes,
     request_terms,
     search_tools,
     unseen_values,
@@ -372,27 +373,45 @@ def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise
         reply = replies.pop(0)
         return schema.model_validate(reply)
 
-    def answered():
-        v = small_view(seen("get_permit", {"permit_id": "BP-7"}, {"owner_consent": "revoked on 2026-03-12"}))
+    def answered(instruction="Issue Ana Ruiz's permit."):
+        v = small_view(seen("get_permit", {"permit_id": "BP-7"}, {"owner_consent": "revoked on 2026-03-12"}), instruction=instruction)
         v.ask = ask
         return v
 
-    change = {"asks_for": "a change"}
-    replies += [change, {"blocked": True, "quote": "owner_consent revoked on 2026-03-12"}]
+    # "Issue" names the write tool issue_permit: the request asks for a change, without asking the model
+    replies += [{"blocked": True, "quote": "owner_consent revoked on 2026-03-12"}]
     assert asyncio.run(FollowThrough().finalize(answered(), "I cannot: consent was revoked.")).action == "accept"
-    replies += [change, {"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-7"}}]
+    assert [schema.__name__ for schema in asked] == ["Citation"]
+    replies += [{"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-7"}}]
     v = answered()
     final = asyncio.run(FollowThrough().finalize(v, "The permit can be issued."))
     assert final.action == "revise" and 'issue_permit({"permit_id": "BP-7"}). Make it now' in final.text
     assert asked[-1].model_json_schema() == action_schema([ISSUE])  # the proposal is constrained to the write tools
     assert asyncio.run(FollowThrough().finalize(v, "Issued.")) is None  # once only
-    replies += [change, {"blocked": False, "quote": ""}, {"final_answer": "It is open."}]
+    replies += [{"blocked": False, "quote": ""}, {"final_answer": "It is open."}]
     assert asyncio.run(FollowThrough().finalize(answered(), "It is open.")) is None  # no call proposed: the answer stands
-    # a question is not turned into a change: nothing more is asked
-    replies.append({"asks_for": "information only"})
-    asked.clear()
-    assert asyncio.run(FollowThrough().finalize(answered(), "Its owner consent was revoked on 2026-03-12.")) is None
-    assert [schema.__name__ for schema in asked] == ["Intent"] and replies == []
+    # words that do not tell: the model is asked, and a question is not turned into a change
+    for instruction in ("What became of Ana Ruiz's application?", "Ana Ruiz wants her permit. Sort it out."):
+        replies.append({"asks_for": "information only"})
+        asked.clear()
+        assert asyncio.run(FollowThrough().finalize(answered(instruction), "Its owner consent was revoked on 2026-03-12.")) is None
+        assert [schema.__name__ for schema in asked] == ["Intent"] and replies == []
+    replies += [{"asks_for": "a change"}, {"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-7"}}]
+    assert asyncio.run(FollowThrough().finalize(answered("Ana Ruiz wants her permit. Sort it out."), "Noted.")).action == "revise"
+
+
+def test_a_request_asks_for_a_change_in_the_words_of_a_write_tool_or_a_polite_verb_that_is_not_a_report():
+    leave = [ToolInfo(name="get_leave", description="", input_schema={}, read_only=True),
+             ToolInfo(name="list_leave_requests", description="", input_schema={}, read_only=True),
+             ToolInfo(name="decide_leave_request", description="", input_schema={}, read_only=False),
+             ToolInfo(name="enroll_student", description="", input_schema={}, read_only=False)]
+    assert named_changes("Please enrol him in BUSN-2010 and tell me his id.", leave) == ["enrol"]
+    assert named_changes("Emre's request is waiting for a decision; please approve it.", leave) == ["approve"]
+    # "leave" and "request" are words of read-only tools too, and "tell" asks for a report
+    assert named_changes("How many days of leave does Greta have left? What about her request? Can you tell me?", leave) == []
+    assert named_changes("Could you book her on the 9am flight?", leave) == ["book"]
+    assert named_changes("Which flight is she on? Can you check for her?", leave) == []
+    assert named_changes("Update the file.", []) == []
 
 
 def test_report_the_change_asks_once_for_an_answer_with_what_the_change_returned():
