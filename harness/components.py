@@ -513,20 +513,34 @@ class ResolveNamedEntities(Component):
                                  "you need:)\n" + "\n".join(lines))
 
 
+CUT = re.compile(r"[(\[{]\s*$")
+
+
 class ReaskUnparsedCalls(Component):
     name = "reask_unparsed_calls"
     addresses = ('wrong_answer', 'over_abstained')
-    summary = "when a reply names a tool but holds no call that could be run, asks again instead of taking it as the final answer"
+    summary = ("when a reply names a tool but holds no call that could be run, or a structured answer breaks off at an "
+               "opening bracket, asks again instead of taking it as the final answer")
 
     class Params(Record):
         max_asks: int = Field(2, ge=1)
 
     async def finalize(self, view, answer):
-        if view.config.action_mode == "structured":  # a grammar-constrained turn is a call or an answer, never a mix
-            return None
-        named = [t.name for t in view.tools if re.search(rf"(?<![\w.]){re.escape(t.name)}(?!\w)", answer)]
         asked = view.memory.get("reasked", 0)
-        if not named or asked >= self.params.max_asks:
+        if asked >= self.params.max_asks:
+            return None
+        if view.config.action_mode == "structured":
+            # A grammar-constrained turn is a call or an answer, never a mix, and the answer's text ends at the model's
+            # first quote mark: "I called find_traveller({" and "...; the result was: [{" (3 of 38 answers of H-small on
+            # 14 pairs) were calls and results written into an answer.
+            if not CUT.search(answer):
+                return None
+            view.memory["reasked"] = asked + 1
+            return Final(action="revise", text=f"Your answer breaks off at {answer.strip()[-40:]!r}, so it answers nothing. To call a "
+                                               "tool, choose that tool's action; to finish, give the final answer in plain words, "
+                                               "without quotes, code or JSON.")
+        named = [t.name for t in view.tools if re.search(rf"(?<![\w.]){re.escape(t.name)}(?!\w)", answer)]
+        if not named:
             return None
         view.memory["reasked"] = asked + 1
         return Final(action="revise", text=f"Your reply mentions {named[0]} but holds no call I could run, so nothing was done. "

@@ -309,6 +309,15 @@ def test_reask_unparsed_calls_and_call_before_answering():
     final = asyncio.run(c.finalize(v, "1. `find_permits`: {\"name\": \"Ana"))
     assert final.action == "revise" and final.text.startswith("Your reply mentions find_permits but holds no call")
     assert asyncio.run(c.finalize(v, "The permit is issued.")) is None
+    # with structured actions an answer cannot hold a call; one that breaks off at an opening bracket is asked again
+    structured = small_view()
+    structured.config = HarnessConfig(action_mode="structured")
+    assert asyncio.run(c.finalize(structured, "1. `find_permits`: {\"name\": \"Ana")) is None
+    final = asyncio.run(c.finalize(structured, "I called find_permits({"))
+    assert final.action == "revise" and final.text.startswith("Your answer breaks off at 'I called find_permits({'")
+    assert asyncio.run(c.finalize(structured, "The result was: [{")).action == "revise"
+    assert asyncio.run(c.finalize(structured, "The result was: [{")) is None  # at most max_asks (2) times
+    assert asyncio.run(ReaskUnparsedCalls().finalize(structured, "Permit BP-7 (fee 120) is issued.")) is None
     once = CallBeforeAnswering()
     assert asyncio.run(once.finalize(v, "Done.")).action == "revise"
     assert asyncio.run(once.finalize(v, "Done.")) is None  # once only
