@@ -531,8 +531,8 @@ class ReaskUnparsedCalls(Component):
             return None
         if view.config.action_mode == "structured":
             # A grammar-constrained turn is a call or an answer, never a mix, and the answer's text ends at the model's
-            # first quote mark: "I called find_traveller({" and "...; the result was: [{" (3 of 38 answers of H-small on
-            # 14 pairs) were calls and results written into an answer.
+            # first quote mark: "I called find_traveller({" and "...; the result was: [{" (3 of the 38 answers of H-small's
+            # local episodes at 34eb6f4) were calls and results written into an answer.
             if not CUT.search(answer):
                 return None
             view.memory["reasked"] = asked + 1
@@ -631,7 +631,7 @@ class Intent(Record):
 # validation requests that ask for a change ("Please enrol him and tell me his student ID"); asked which write tool,
 # or yes or no, it named a change for 6 and 7 of the 7 questions. The request's own words tell them apart better.
 REPORTING = frozenset("tell let check confirm find look show give say advise see verify explain help list".split())
-POLITE = re.compile(r"\b(?:please|could you|can you|would you)\s+(\w+)", re.I)
+POLITE = re.compile(r"\b(?:please|could you|can you|would you)\s+(\w+)")
 
 
 def named_changes(instruction: str, tools: Iterable[ToolInfo]) -> list[str]:
