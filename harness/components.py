@@ -639,11 +639,10 @@ def named_changes(instruction: str, tools: Iterable[ToolInfo]) -> list[str]:
     tool's name that no read-only tool's name has ("enrol him" for enroll_student, not "leave" when get_leave
     exists), else the verbs it politely asks for that do not ask for a report ("please send", not "can you tell").
     Empty when the words do not show it (a question, or tools named unlike the request)."""
-    tools = list(tools)
-    words = re.findall(r"[a-z]+", instruction.casefold())
+    tools, text = list(tools), instruction.casefold()
     read = {w[:5] for t in tools if t.read_only for w in t.name.casefold().split("_")}
     own = {w[:5] for t in tools if not t.read_only for w in t.name.casefold().split("_") if len(w) >= 3 and w[:5] not in read}
-    return [w for w in words if len(w) >= 3 and w[:5] in own] or [v for v in POLITE.findall(instruction.casefold()) if v not in REPORTING]
+    return [w for w in re.findall(r"[a-z]+", text) if len(w) >= 3 and w[:5] in own] or [v for v in POLITE.findall(text) if v not in REPORTING]
 
 
 class FollowThrough(Component):
