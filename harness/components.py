@@ -265,6 +265,14 @@ def _unseen(args: dict[str, Any], tool: ToolInfo | None, known: str) -> list[tup
     return [(f, v) for f, v in _identifiers(args, tool) if not _mentioned(v, known)]
 
 
+def _known(view: EpisodeView) -> str:
+    """What the agent has seen, casefolded: the request, the context, the tool descriptions (without their examples),
+    every result so far and the arguments of the calls that succeeded (an id a call found is no guess)."""
+    return "\n".join([view.instruction, view.context, *(f"{t.name} {without_examples(t.description)}" for t in view.tools),
+                      *(o.text for o in view.observations),
+                      *(json.dumps(o.args, ensure_ascii=False) for o in view.observations if o.ok)]).casefold()
+
+
 def guessed_calls(before: str, observations: list[Observation]) -> list[str]:
     """The agent's calls, as `tool(field='value')`, that named a record by an identifier seen nowhere before them
     (`before`: the request and the tool descriptions; then the earlier results) and failed or found nothing: the
@@ -285,9 +293,7 @@ class GroundIdentifiers(Component):
 
     def before_tool_call(self, view, call):
         tool = next((t for t in view.tools if t.name == call.name), None)
-        known = "\n".join([view.instruction, view.context, *(f"{t.name} {without_examples(t.description)}" for t in view.tools),
-                           *(o.text for o in view.observations)]).casefold()
-        unseen = _unseen(call.args, tool, known)
+        unseen = _unseen(call.args, tool, _known(view))
         if not unseen:
             return None
         field, value = unseen[0]
@@ -650,15 +656,22 @@ class FollowThrough(Component):
     addresses = ('over_abstained',)
     summary = ("when the agent answers a request for a change without having changed anything, keeps a refusal only if "
                "it quotes a result that blocks the request; otherwise asks the model, grammar-constrained, for the one "
-               "call that does what the request asks and hands that call to the agent to make")
+               "call that does what the request asks and hands that call to the agent to make, or, when an id of it "
+               "appears in no result yet, names the tools that find it; again after the agent has called a tool since")
+
+    class Params(Record):
+        times: int = Field(2, ge=1, le=4, description="how many times it may send the agent back, each after a tool call "
+                                                      "the agent made since the last")
 
     async def finalize(self, view, answer):
         writes = [t for t in view.tools if not t.read_only]
-        if not writes or _committed(view) or view.ask is None or view.memory.get("followed_through"):
+        sent = view.memory.get("followed_through", [])  # the results seen each time it sent the agent back; None: settled
+        if (sent is None or not writes or _committed(view) or view.ask is None or len(sent) >= self.params.times
+                or sent and sent[-1] == len(view.observations)):
             return None
-        view.memory["followed_through"] = True
+        view.memory["followed_through"] = None
         request = view.instruction.split(LOOKED_UP)[0]
-        if not named_changes(request, view.tools):  # the model is asked only when the words do not tell
+        if not sent and not named_changes(request, view.tools):  # the model is asked only when the words do not tell
             intent = await view.ask([HumanMessage(f"Request:\n{request}\n\nDoes this request ask for a change in the system, "
                                                   "or only for information?")], Intent)
             if intent.asks_for == "information only":  # a question is answered, not turned into a change
@@ -674,6 +687,14 @@ class FollowThrough(Component):
                                                        "final answer instead.")], proposal)).model_dump()
         if "tool" not in step:
             return None
+        view.memory["followed_through"] = [*sent, len(view.observations)]
+        unseen = [f for f, _ in _unseen(step["arguments"], next(t for t in writes if t.name == step["tool"]), _known(view))]
+        if unseen:  # a guessed id is not handed over: the agent is told where to find it
+            tools = ", ".join(dict.fromkeys(n for f in unseen for n in _tools_carrying(view, f))) or "the read-only tools"
+            return Final(action="revise", text=f"Nothing has been changed yet. The request asks for {step['tool']}, which needs "
+                                               f"{', '.join(dict.fromkeys(unseen))}: no result so far gives it. Look it up with "
+                                               f"{tools}, then make the call, unless a result shows it must not be made; then "
+                                               "say which and why.")
         return Final(action="revise", text=f"Nothing has been changed yet. The call that does what the request asks is "
                                            f"{step['tool']}({json.dumps(step['arguments'], ensure_ascii=False)}). Make it now, "
                                            "unless a result shows it must not be made; then say which and why.")
