@@ -267,10 +267,10 @@ def _unseen(args: dict[str, Any], tool: ToolInfo | None, known: str) -> list[tup
 
 def _known(view: EpisodeView) -> str:
     """What the agent has seen, casefolded: the request, the context, the tool descriptions (without their examples),
-    every result so far and the arguments of the calls that succeeded (an id a call found is no guess)."""
+    every result so far and the arguments of the calls that found something (an id a call found is no guess)."""
     return "\n".join([view.instruction, view.context, *(f"{t.name} {without_examples(t.description)}" for t in view.tools),
                       *(o.text for o in view.observations),
-                      *(json.dumps(o.args, ensure_ascii=False) for o in view.observations if o.ok)]).casefold()
+                      *(json.dumps(o.args, ensure_ascii=False) for o in view.observations if o.ok and _nonempty(o.output))]).casefold()
 
 
 def guessed_calls(before: str, observations: list[Observation]) -> list[str]:

@@ -217,6 +217,11 @@ def test_ground_identifiers_blocks_an_id_seen_nowhere_and_names_the_tools_that_f
     described.tools = [GET.model_copy(update={"description": 'One permit by its id, such as "BP-9999"; the office is OFF-12.'}), ISSUE]
     assert c.before_tool_call(described, call("get_permit", permit_id="BP-9999")).action == "block"
     assert c.before_tool_call(described, call("get_permit", permit_id="OFF-12")) is None
+    # an id a call found a record with is known; one a call found nothing with is still a guess
+    got = seen("get_permit", {"permit_id": "BP-7"}, {"owner_consent": "revoked"})
+    assert c.before_tool_call(small_view(got), call("issue_permit", permit_id="BP-7")) is None
+    empty = seen("find_permits", {"name": "BP-8"}, [])
+    assert c.before_tool_call(small_view(empty), call("issue_permit", permit_id="BP-8")).action == "block"
 
 
 def test_one_write_per_turn():
