@@ -691,13 +691,13 @@ class FollowThrough(Component):
         unseen = [f for f, _ in _unseen(step["arguments"], next(t for t in writes if t.name == step["tool"]), _known(view))]
         if unseen:  # a guessed id is not handed over: the agent is told where to find it
             tools = ", ".join(dict.fromkeys(n for f in unseen for n in _tools_carrying(view, f))) or "the read-only tools"
-            return Final(action="revise", text=f"Nothing has been changed yet. The request asks for {step['tool']}, which needs "
-                                               f"{', '.join(dict.fromkeys(unseen))}: no result so far gives it. Look it up with "
-                                               f"{tools}, then make the call, unless a result shows it must not be made; then "
-                                               "say which and why.")
-        return Final(action="revise", text=f"Nothing has been changed yet. The call that does what the request asks is "
-                                           f"{step['tool']}({json.dumps(step['arguments'], ensure_ascii=False)}). Make it now, "
-                                           "unless a result shows it must not be made; then say which and why.")
+            do = (f"The request asks for {step['tool']}, which needs {', '.join(dict.fromkeys(unseen))}: no result so far gives "
+                  f"it. Look it up with {tools}, then make the call")
+        else:
+            do = (f"The call that does what the request asks is {step['tool']}"
+                  f"({json.dumps(step['arguments'], ensure_ascii=False)}). Make it now")
+        return Final(action="revise", text=f"Nothing has been changed yet. {do}, unless a result shows it must not be made; then "
+                                           "say which and why.")
 
 
 class ReportTheChange(Component):

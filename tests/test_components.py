@@ -402,8 +402,7 @@ def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise
     assert final.action == "revise" and 'issue_permit({"permit_id": "BP-7"}). Make it now' in final.text
     assert asked[-1].model_json_schema() == action_schema([ISSUE])  # the proposal is constrained to the write tools
     assert asyncio.run(FollowThrough().finalize(v, "Issued.")) is None  # not again before the agent calls a tool
-    # after a call, once more (the second time the request's words are not read again), and a guessed id is not
-    # handed over: the agent is told which tools find it
+    # after a call, once more, and a guessed id is not handed over: the agent is told which tools find it
     v.observations.append(seen("find_permits", {"name": "Ana Ruiz"}, [{"permit_id": "BP-7"}]))
     replies += [{"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-99"}}]
     final = asyncio.run(FollowThrough().finalize(v, "It can be issued."))
