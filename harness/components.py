@@ -204,7 +204,7 @@ class ConfirmFinalDecision(Component):
     async def finalize(self, view, answer):
         if _committed(view) or view.ask is None:
             return None
-        results = "\n".join(f"- {o.tool}({json.dumps(o.args)}) -> {o.text[:400]}" for o in view.observations[-8:]) or "(no tool results)"
+        results = "\n".join(f"- {o.tool}({json.dumps(o.args)}) -> {o.text[:400]}" for o in _read(view)[-8:]) or "(no tool results)"
         question = (f"Request:\n{view.instruction}\n\nTool results:\n{results}\n\nDraft answer:\n{answer}\n\n"
                     "Could the request be completed correctly from these results, with every required fact present, consistent and allowed?")
         check = await view.ask([HumanMessage(question)], FinalCheck)
@@ -491,13 +491,13 @@ class ResolveNamedEntities(Component):
     async def initialize(self, view):
         if view.lookup is None:
             return
-        found, made, keys = [], 0, []
+        found, made, keys = [], [], []
         for term in request_terms(view.instruction):
             for tool, arg in search_tools(view):
-                if made >= self.params.max_lookups:
+                if len(made) >= self.params.max_lookups:
                     break
-                made += 1
                 o = await view.lookup(tool.name, {arg: term})
+                made.append(o)
                 if o.ok and _nonempty(o.output):
                     found.append(o)
                     keys += [k for k in _keys(o.output) if k not in keys]
@@ -508,8 +508,12 @@ class ResolveNamedEntities(Component):
                     break
                 details += 1
                 o = await view.lookup(reader.name, {field: value})
+                made.append(o)
                 if not o.ok or _nonempty(o.output):  # a record's reader failing is news too (a tool down, access refused)
                     found.append(o)
+        # what the agent is not shown (searches that found nothing) is no result it read: nothing to quote
+        view.memory["unshown"] = [i for i, o in enumerate(view.observations)
+                                  if any(o is m for m in made) and not any(o is f for f in found)]
         if found:
             lines = [f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}) -> "
                      f"{json.dumps(_compact(o.visible, self.params.rows)[0], ensure_ascii=False, default=str)}"
@@ -599,10 +603,18 @@ CITE_QUESTION = ("Does one of these tool results show that the request cannot be
                  "exact words of that result.")
 
 
-def _quoted(cited: Citation, view: EpisodeView) -> bool:
-    """A refusal backed by at least three words copied from a result the agent was shown."""
+def _read(view: EpisodeView) -> list[Observation]:
+    """The results the agent was shown: all but the harness's own lookups it never put in front of the agent."""
+    unshown = set(view.memory.get("unshown", ()))
+    return [o for i, o in enumerate(view.observations) if i not in unshown]
+
+
+def _source(cited: Citation, view: EpisodeView) -> Observation | None:
+    """The result the agent was shown that holds a blocking quote of at least three words, copied exactly."""
     quote = _squash(cited.quote)
-    return cited.blocked and len(quote.split()) >= 3 and quote in _squash("\n".join(o.seen for o in view.observations))
+    if not cited.blocked or len(quote.split()) < 3:
+        return None
+    return next((o for o in _read(view) if quote in _squash(o.seen)), None)
 
 
 class CiteBlockingEvidence(Component):
@@ -615,11 +627,11 @@ class CiteBlockingEvidence(Component):
         if not _writes(view) or _committed(view) or view.ask is None or view.memory.get("asked_citation"):
             return None
         view.memory["asked_citation"] = True
-        results = "\n".join(f"- {o.tool}: {o.seen[:600]}" for o in view.observations[-10:]) or "(no tool results)"
+        results = "\n".join(f"- {o.tool}: {o.seen[:600]}" for o in _read(view)[-10:]) or "(no tool results)"
         question = (f"Request:\n{view.instruction.split(LOOKED_UP)[0]}\n\nTool results:\n{results}\n\nYour answer:\n{answer}\n\n"
                     + CITE_QUESTION)
         cited = await view.ask([HumanMessage(question)], Citation)
-        if _quoted(cited, view):
+        if _source(cited, view):
             return None
         changes = ", ".join(sorted(_writes(view)))
         return Final(action="revise", text="No tool result shows anything that blocks this request. If it asks for a change, make "
@@ -653,11 +665,12 @@ def named_changes(instruction: str, tools: Iterable[ToolInfo]) -> list[str]:
 
 class FollowThrough(Component):
     name = "follow_through"
-    addresses = ('over_abstained',)
-    summary = ("when the agent answers a request for a change without having changed anything, keeps a refusal only if "
-               "it quotes a result that blocks the request; otherwise asks the model, grammar-constrained, for the one "
-               "call that does what the request asks and hands that call to the agent to make, or, when an id of it "
-               "appears in no result yet, names the tools that find it; again after the agent has called a tool since")
+    addresses = ('over_abstained', 'did_not_abstain')
+    summary = ("when the agent answers a request for a change without having changed anything, asks the model for a "
+               "quote of the result that blocks it: a quote found in a result the agent read turns the answer into a "
+               "plain refusal that gives it; otherwise asks the model, grammar-constrained, for the one call that does "
+               "what the request asks and hands that call to the agent to make, or, when an id of it appears in no "
+               "result yet, names the tools that find it; again after the agent has called a tool since")
 
     class Params(Record):
         times: int = Field(2, ge=1, le=4, description="how many times it may send the agent back, each after a tool call "
@@ -666,8 +679,7 @@ class FollowThrough(Component):
     async def finalize(self, view, answer):
         writes = [t for t in view.tools if not t.read_only]
         sent = view.memory.get("followed_through", [])  # the results seen each time it sent the agent back; None: settled
-        if (sent is None or not writes or _committed(view) or view.ask is None or len(sent) >= self.params.times
-                or sent and sent[-1] == len(view.observations)):
+        if sent is None or not writes or _committed(view) or view.ask is None:
             return None
         view.memory["followed_through"] = None
         request = view.instruction.split(LOOKED_UP)[0]
@@ -676,11 +688,16 @@ class FollowThrough(Component):
                                                   "or only for information?")], Intent)
             if intent.asks_for == "information only":  # a question is answered, not turned into a change
                 return None
-        results = "\n".join(f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}): {o.seen[:500]}" for o in view.observations[-12:])
+        results = "\n".join(f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}): {o.seen[:500]}" for o in _read(view)[-12:])
         context = f"Request:\n{request}\n\nTool results:\n{results or '(none)'}\n\nDraft answer:\n{answer}\n\n"
         cited = await view.ask([HumanMessage(context + CITE_QUESTION)], Citation)
-        if _quoted(cited, view):
-            return Final(action="accept")
+        source = _source(cited, view)
+        if source:  # the refusal says what blocks the request, in the words of the result (a 1.5B agent that read the
+            # block often answered with something else: a found record, a call it was handed, half a sentence)
+            return Final(action="abstain", text=f"I have not done what you asked, and cannot: {source.tool} returned "
+                                                f"\"{cited.quote.strip()}\".")
+        if len(sent) >= self.params.times or sent and sent[-1] == len(view.observations):
+            return None  # used up, or answered again without a call since: the answer stands
         proposal = answer_schema("Change", action_schema(writes))
         step = (await view.ask([HumanMessage(context + "Which one call makes the change the request asks for, with the exact ids "
                                                        "from the results? If the request only asks for information, give the "

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from envs.spec import SpecError
-from harness.abi import BaseHarness, EpisodeView, HarnessConfig, ToolRequest, action_schema
+from harness.abi import BaseHarness, EpisodeView, Final, HarnessConfig, ToolRequest, action_schema
 from harness.bundle import BUNDLES, load_bundle
 from harness.components import (
     AnswerFromResults,
@@ -37,6 +37,7 @@ from harness.components import (
     Stack,
     StopOnNegativeEvidence,
     SuppressDuplicateCalls,
+    _read,
 )
 from state.records import Observation, ToolInfo
 
@@ -264,13 +265,18 @@ def test_resolve_named_entities_looks_up_names_and_reads_the_records_found():
             return seen(tool, args, {"permit_id": "BP-7", "owner_consent": "revoked"}, source="harness")
         return seen(tool, args, [], source="harness")
 
-    v = small_view(instruction="Please issue Ana Ruiz's permit for the Oak Street deck.", lookup=lookup)
+    async def recorded(tool, args):  # as the runtime does, the view keeps every lookup
+        v.observations.append(await lookup(tool, args))
+        return v.observations[-1]
+
+    v = small_view(instruction="Please issue Ana Ruiz's permit for the Oak Street deck.", lookup=recorded)
     asyncio.run(ResolveNamedEntities().initialize(v))
     assert made == [("find_permits", {"name": "Ana Ruiz"}), ("find_permits", {"name": "Oak Street"}),
                     ("get_permit", {"permit_id": "BP-7"})]
     assert v.instruction.startswith("Please issue Ana Ruiz's permit for the Oak Street deck.\n\n(Looked up before you started")
     assert '- get_permit({"permit_id": "BP-7"}) -> {"permit_id": "BP-7", "owner_consent": "revoked"}' in v.instruction
     assert "Oak Street\"}) ->" not in v.instruction  # empty results are not shown
+    assert [o.args for o in _read(v)] == [{"name": "Ana Ruiz"}, {"permit_id": "BP-7"}]  # nor counted as read
     assert request_terms("Dr. Castellanos asked us to raise the cap on her Renaissance art section; email 'Lab A' at 9:30.") == [
         "Lab A", "Castellanos", "Renaissance"]
 
@@ -392,16 +398,27 @@ def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise
         v.ask = ask
         return v
 
-    # "Issue" names the write tool issue_permit: the request asks for a change, without asking the model
+    # "Issue" names the write tool issue_permit: the request asks for a change, without asking the model; a quote
+    # from a result the agent read makes the answer a refusal that gives it
     replies += [{"blocked": True, "quote": "owner_consent revoked on 2026-03-12"}]
-    assert asyncio.run(FollowThrough().finalize(answered(), "I cannot: consent was revoked.")).action == "accept"
+    final = asyncio.run(FollowThrough().finalize(answered(), "Ana Ruiz's permit BP-7 is on file."))
+    assert final == Final(action="abstain", text='I have not done what you asked, and cannot: get_permit returned '
+                                                 '"owner_consent revoked on 2026-03-12".')
     assert [schema.__name__ for schema in asked] == ["Citation"]
+    # a quote from a lookup the harness made and never showed the agent is no evidence
+    unshown = answered()
+    unshown.observations.append(seen("find_permits", {"name": "Oak Street"}, ok=False, code="not_found", source="harness"))
+    unshown.memory["unshown"] = [1]
+    replies += [{"blocked": True, "quote": "no such permit"}, {"final_answer": "It is open."}]
+    assert asyncio.run(FollowThrough().finalize(unshown, "I cannot: no such permit.")) is None and replies == []
     replies += [{"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-7"}}]
     v = answered()
     final = asyncio.run(FollowThrough().finalize(v, "The permit can be issued."))
     assert final.action == "revise" and 'issue_permit({"permit_id": "BP-7"}). Make it now' in final.text
     assert asked[-1].model_json_schema() == action_schema([ISSUE])  # the proposal is constrained to the write tools
-    assert asyncio.run(FollowThrough().finalize(v, "Issued.")) is None  # not again before the agent calls a tool
+    replies += [{"blocked": False, "quote": ""}]
+    assert asyncio.run(FollowThrough().finalize(v, "Issued.")) is None and replies == []  # not again before a tool call
+    v.memory["followed_through"] = [1]  # (that answer would have ended the episode)
     # after a call, once more, and a guessed id is not handed over: the agent is told which tools find it
     v.observations.append(seen("find_permits", {"name": "Ana Ruiz"}, [{"permit_id": "BP-7"}]))
     replies += [{"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-99"}}]
@@ -409,6 +426,7 @@ def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise
     assert final.action == "revise" and "asks for issue_permit, which needs permit_id: no result so far gives it. Look it up " \
                                          "with find_permits, get_permit, then make the call" in final.text
     v.observations.append(seen("get_permit", {"permit_id": "BP-7"}, {"permit_id": "BP-7"}))
+    replies += [{"blocked": False, "quote": ""}]
     assert asyncio.run(FollowThrough().finalize(v, "Issued.")) is None and replies == []  # `times` (2) used up
     replies += [{"blocked": False, "quote": ""}, {"final_answer": "It is open."}]
     assert asyncio.run(FollowThrough().finalize(answered(), "It is open.")) is None  # no call proposed: the answer stands
