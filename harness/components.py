@@ -663,6 +663,13 @@ def named_changes(instruction: str, tools: Iterable[ToolInfo]) -> list[str]:
     return [w for w in re.findall(r"[a-z]+", text) if len(w) >= 3 and w[:5] in own] or [v for v in POLITE.findall(text) if v not in REPORTING]
 
 
+def reports_only(instruction: str) -> bool:
+    """Whether a request asks, politely, only for reports ("can you tell me", "could you check"): a question, in so
+    many words."""
+    verbs = POLITE.findall(instruction.casefold())
+    return bool(verbs) and all(v in REPORTING for v in verbs)
+
+
 class FollowThrough(Component):
     name = "follow_through"
     addresses = ('over_abstained', 'did_not_abstain')
@@ -684,6 +691,8 @@ class FollowThrough(Component):
         view.memory["followed_through"] = None
         request = view.instruction.split(LOOKED_UP)[0]
         if not sent and not named_changes(request, view.tools):  # the model is asked only when the words do not tell
+            if reports_only(request):
+                return None
             intent = await view.ask([HumanMessage(f"Request:\n{request}\n\nDoes this request ask for a change in the system, "
                                                   "or only for information?")], Intent)
             if intent.asks_for == "information only":  # a question is answered, not turned into a change

@@ -436,6 +436,9 @@ def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise
         asked.clear()
         assert asyncio.run(FollowThrough().finalize(answered(instruction), "Its owner consent was revoked on 2026-03-12.")) is None
         assert [schema.__name__ for schema in asked] == ["Intent"] and replies == []
+    asked.clear()  # a request that asks politely only for reports is a question: nothing to ask the model
+    assert asyncio.run(FollowThrough().finalize(answered("Can you tell me if Ana Ruiz's permit is open?"), "It is.")) is None
+    assert asked == []
     replies += [{"asks_for": "a change"}, {"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-7"}}]
     assert asyncio.run(FollowThrough().finalize(answered("Ana Ruiz wants her permit. Sort it out."), "Noted.")).action == "revise"
 
