@@ -706,7 +706,8 @@ class FollowThrough(Component):
             return Final(action="abstain", text=f"I have not done what you asked, and cannot: {source.tool} returned "
                                                 f"\"{cited.quote.strip()}\".")
         if len(sent) >= self.params.times or sent and sent[-1] == len(view.observations):
-            return None  # used up, or answered again without a call since: the answer stands
+            view.memory["followed_through"] = sent  # used up, or no call since the last send-back: the answer stands
+            return None
         proposal = answer_schema("Change", action_schema(writes))
         step = (await view.ask([HumanMessage(context + "Which one call makes the change the request asks for, with the exact ids "
                                                        "from the results? If the request only asks for information, give the "

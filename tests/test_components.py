@@ -418,7 +418,6 @@ def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise
     assert asked[-1].model_json_schema() == action_schema([ISSUE])  # the proposal is constrained to the write tools
     replies += [{"blocked": False, "quote": ""}]
     assert asyncio.run(FollowThrough().finalize(v, "Issued.")) is None and replies == []  # not again before a tool call
-    v.memory["followed_through"] = [1]  # (that answer would have ended the episode)
     # after a call, once more, and a guessed id is not handed over: the agent is told which tools find it
     v.observations.append(seen("find_permits", {"name": "Ana Ruiz"}, [{"permit_id": "BP-7"}]))
     replies += [{"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-99"}}]
