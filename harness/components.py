@@ -512,8 +512,8 @@ class ResolveNamedEntities(Component):
                 if not o.ok or _nonempty(o.output):  # a record's reader failing is news too (a tool down, access refused)
                     found.append(o)
         # what the agent is not shown (searches that found nothing) is no result it read: nothing to quote
-        view.memory["unshown"] = [i for i, o in enumerate(view.observations)
-                                  if any(o is m for m in made) and not any(o is f for f in found)]
+        unshown = {id(o) for o in made} - {id(o) for o in found}
+        view.memory["unshown"] = [i for i, o in enumerate(view.observations) if id(o) in unshown]
         if found:
             lines = [f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}) -> "
                      f"{json.dumps(_compact(o.visible, self.params.rows)[0], ensure_ascii=False, default=str)}"
@@ -609,12 +609,10 @@ def _read(view: EpisodeView) -> list[Observation]:
     return [o for i, o in enumerate(view.observations) if i not in unshown]
 
 
-def _source(cited: Citation, view: EpisodeView) -> Observation | None:
-    """The result the agent was shown that holds a blocking quote of at least three words, copied exactly."""
+def _quoted(cited: Citation, view: EpisodeView) -> bool:
+    """A refusal backed by at least three words copied from a result the agent was shown."""
     quote = _squash(cited.quote)
-    if not cited.blocked or len(quote.split()) < 3:
-        return None
-    return next((o for o in _read(view) if quote in _squash(o.seen)), None)
+    return cited.blocked and len(quote.split()) >= 3 and any(quote in _squash(o.seen) for o in _read(view))
 
 
 class CiteBlockingEvidence(Component):
@@ -631,7 +629,7 @@ class CiteBlockingEvidence(Component):
         question = (f"Request:\n{view.instruction.split(LOOKED_UP)[0]}\n\nTool results:\n{results}\n\nYour answer:\n{answer}\n\n"
                     + CITE_QUESTION)
         cited = await view.ask([HumanMessage(question)], Citation)
-        if _source(cited, view):
+        if _quoted(cited, view):
             return None
         changes = ", ".join(sorted(_writes(view)))
         return Final(action="revise", text="No tool result shows anything that blocks this request. If it asks for a change, make "
@@ -700,7 +698,7 @@ class FollowThrough(Component):
         results = "\n".join(f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}): {o.seen[:500]}" for o in _read(view)[-12:])
         context = f"Request:\n{request}\n\nTool results:\n{results or '(none)'}\n\nDraft answer:\n{answer}\n\n"
         cited = await view.ask([HumanMessage(context + CITE_QUESTION)], Citation)
-        if _source(cited, view):
+        if _quoted(cited, view):
             return Final(action="accept")
         proposal = answer_schema("Change", action_schema(writes))
         step = (await view.ask([HumanMessage(context + "Which one call makes the change the request asks for, with the exact ids "
