@@ -395,6 +395,11 @@ async def environment_session(entry: Entry, side: str, catalog: str, transport: 
         yield session
 
 
+def episode_scope(thread: str, episode_id: str) -> str:
+    """The journal scope of an episode's calls in the run of `thread`."""
+    return f"{thread}/episode:{episode_id}"
+
+
 async def _journaled_as(scope: str | None, run):
     if scope is None:
         return await run
@@ -432,7 +437,7 @@ async def _run(request: EpisodeRequest, context: Context, episode_id: str, live:
         # Its model calls are journaled under the run and its id, so a resumed
         # run replays the turns an interrupted attempt already had answered,
         # and another run (another ledger) makes its own calls.
-        scope = f"{thread}/episode:{episode_id}" if thread else None
+        scope = episode_scope(thread, episode_id) if thread else None
         return await asyncio.get_running_loop().create_task(_journaled_as(scope, run), context=contextvars.Context())
     finally:
         LIVE.pop(episode_id)

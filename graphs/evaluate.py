@@ -44,13 +44,15 @@ from envs.grading import ReplayMismatch, deterministic_grade, grade, rejudged
 from envs.spec import SpecError
 from envs.untrusted import EnvironmentFault
 from graphs import engine
-from graphs.episode import run_episode
+from graphs.episode import episode_scope, run_episode
 from harness.bundle import hashed_bundle, load_bundle
 from harness.check import check_bundle
 from harness.tool_sandbox import ToolSandboxError
 from roles.abstention_judge import abstention_judge, judge_id
 from roles.models import InfrastructureError, endpoint_down
 from state.context import ConfigError, Context, EpisodeRequest
+from state import journal
+from state.journal import run_thread
 from state.ledger import Ledger, held
 from state.metrics import Metrics, score
 from state.records import EpisodeKey, EpisodeRecord, capped, merge
@@ -172,13 +174,13 @@ async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
         if holder is None:
             break
         await asyncio.sleep(POLL_S)
-        cached, holder = await asyncio.to_thread(ledger.claim_episode, key.id, run_id, owner)
+        cached, holder = await asyncio.to_thread(_claim, ledger, key, ctx, run_id, owner)
     record = None
     async with held(ledger, f"episode:{key.id}", owner) as claim:
         for attempt in range(ctx.max_infra_retries + 1):
             if endpoint_down(ctx.agent_model, ctx.judge_model):
                 break
-            record = await engine.run_attempt(_attempt, entry, request, key, ctx, ledger, f"{key.id}-{attempt}")
+            record = await engine.run_attempt(_attempt, entry, request, key, ctx, ledger, _episode_id(key, attempt))
             last = record.status == "done" or record.termination == "environment_error" or attempt == ctx.max_infra_retries
             record = _as_asked(await asyncio.to_thread(ledger.record_episode, run_id, record, release=claim if last else None), request)
             if last or record.status == "done":  # done: this attempt's record, or another writer's the ledger holds
@@ -226,12 +228,26 @@ def _run_bundle_hash(run_id: str, bundle: str) -> str:
 
 def _start(request: EpisodeRequest, ctx: Context, run_id: str, owner: str):
     """In one trip off the event loop: the ledger, the pair, the rollout-cache key, and the episode's cached record or
-    the holder of its claim (`Ledger.claim_episode`)."""
+    the holder of its claim (`_claim`)."""
     ledger, entry = Ledger(ctx.ledger), run_entry(run_id, request.pair_id, ctx.catalog)
     key = EpisodeKey(harness_hash=_run_bundle_hash(run_id, request.bundle), env_hash=side_env(entry, request.side).hash,
                      task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial,
                      max_turns=ctx.max_turns)
-    return ledger, entry, key, ledger.claim_episode(key.id, run_id, owner)
+    return ledger, entry, key, _claim(ledger, key, ctx, run_id, owner)
+
+
+def _claim(ledger: Ledger, key: EpisodeKey, ctx: Context, run_id: str, owner: str):
+    """`Ledger.claim_episode`. Once `owner` holds the episode for a run in this process, the first attempt's journal
+    scope is looked up in the same trip (`journal.look_ahead`): its first model call then makes no trip of its own."""
+    claimed = ledger.claim_episode(key.id, run_id, owner)
+    thread = run_thread()
+    if claimed == (None, None) and thread and not ctx.engine:
+        journal.look_ahead(episode_scope(thread, _episode_id(key, 0)))
+    return claimed
+
+
+def _episode_id(key: EpisodeKey, attempt: int) -> str:
+    return f"{key.id}-{attempt}"
 
 
 async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger, episode_id: str,

@@ -9,8 +9,10 @@ how many identical requests its scope made before it. A resumed run asks the sam
 order, so it finds the same names; a fresh run never finds one, and calls
 outside a checkpointed run are not journaled at all. Failed calls are not
 kept. A scope's first call asks whether the journal holds any call of that
-scope (`scopes`, written before its calls); when it holds none, as in every
-fresh run, the scope's calls are not looked up one by one. The journal lives
+scope (`scopes`, written before its calls), unless the caller asked ahead
+(`look_ahead`: an evaluation does, in the trip that claims the episode);
+when it holds none, as in every fresh run, the scope's calls are not looked
+up one by one. The journal lives
 in `runs/calls.db`, or in the PostgreSQL store (`state.store`).
 
 A reply is written behind the call, by one thread per process that keeps
@@ -79,6 +81,7 @@ Where = tuple[str | None, str | None]  # ($HERA_STORE, $HERA_RUNS): what names a
 _targets: dict[Where, Target] = {}
 _queue: queue.SimpleQueue[tuple[Where, str, str, str, int] | threading.Event] = queue.SimpleQueue()
 _numbers = itertools.count(1)  # of the replies queued, in order
+_looked: dict[tuple[Where, str], bool] = {}  # (journal, scope) -> whether it holds calls of the scope, asked ahead (`look_ahead`)
 _unkept: dict[tuple[Where, str], int] = {}  # (journal, scope) -> the number of its last reply queued, until the writer is past it
 _writer: threading.Thread | None = None
 _writer_lock = threading.Lock()
@@ -90,7 +93,11 @@ def call_scope(name: str) -> Iterator[None]:
     """Names the scope of the calls made inside (an episode: its run, key and attempt). What the scope learns of its
     calls (`_Seen`) is shared by everything inside, the graph nodes of an episode too (each runs in a copy of this
     context)."""
-    token, seen = _scope.set(name), _seen.set(_Seen())
+    known = _Seen()
+    looked = _looked.pop((_where(), name), None)
+    if looked is not None:
+        known.kept[name] = looked
+    token, seen = _scope.set(name), _seen.set(known)
     try:
         yield
     finally:
@@ -201,6 +208,13 @@ def _item(item: Any, dump: Callable[[Any], Any]) -> str:
             return text
         _items[key] = text
     return text
+
+
+def look_ahead(scope: str) -> None:
+    """Off the event loop: asks now whether the journal holds calls of `scope`, so that the scope's first call knows
+    without a trip to a thread of its own (one an episode waits for, among the first of a busy process). For a caller
+    holding the claim of the scope's episode: no other process writes the scope between this look and the call."""
+    _looked[_where(), scope] = _holds(scope)
 
 
 def _holds(scope: str) -> bool:

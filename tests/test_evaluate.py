@@ -53,6 +53,32 @@ def test_both_sides_graded_and_scored_exactly(context):
     assert act.termination == "final_answer" and act.answer.startswith("Reserved 2")
 
 
+def test_an_episode_claimed_in_process_has_its_journal_scope_looked_up_in_the_claims_trip(context, monkeypatch):
+    """Its first model call makes no look of its own (`journal.look_ahead`): each episode's scope is looked up once,
+    inside the trip that claimed the episode."""
+    from graphs import evaluate as evaluate_graph
+    from state import journal
+
+    looks, claiming = [], threading.local()
+    start, holds = evaluate_graph._start, journal._holds
+
+    def claim(*args):
+        claiming.now = True
+        try:
+            return start(*args)
+        finally:
+            claiming.now = False
+
+    monkeypatch.setattr(evaluate_graph, "_start", claim)
+    monkeypatch.setattr(journal, "_holds", lambda scope: looks.append((scope, getattr(claiming, "now", False))) or holds(scope))
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge])
+    evaluate(context)
+    scripted.assert_consumed()
+    episodes = [scope for scope, _ in looks if "/episode:" in scope]
+    assert len(episodes) == len(set(episodes)) == 2 and all(ahead for scope, ahead in looks if scope in episodes)
+
+
 def test_rerun_reuses_finished_episodes(context):
     scripted.register("agent", [shop_agent] * 5)
     scripted.register("judge", [shop_judge] * 2)

@@ -83,6 +83,20 @@ def test_the_calls_of_one_scope_share_what_it_knows_across_the_contexts_of_graph
     assert holds == ["run-1/episode:z"] and lookups == []
 
 
+def test_a_scope_looked_up_ahead_makes_no_look_of_its_own_and_still_reads_its_calls_back(lookups, monkeypatch):
+    """`look_ahead` (an evaluation's claim trip) answers the scope's first look: a fresh scope makes its calls, a
+    resumed one reads them back, and neither asks the journal again; a look is used once."""
+    holds, made = [], []
+    monkeypatch.setattr(journal, "_holds", lambda scope, holds_=journal._holds: holds.append(scope) or holds_(scope))
+    journal.look_ahead("run-3/episode:a")
+    first = episode("run-3/episode:a", REQUESTS, made)
+    assert len(made) == 3 and holds == ["run-3/episode:a"]  # the look ahead's, and no other
+    journal.look_ahead("run-3/episode:a")  # resumed: this look waits for the replies queued and finds them
+    assert episode("run-3/episode:a", REQUESTS, made) == first and len(made) == 3
+    assert holds == ["run-3/episode:a"] * 2 and len(lookups) == 3
+    assert episode("run-3/episode:a", REQUESTS, made) == first and len(holds) == 3  # no look ahead: one of its own
+
+
 def test_a_request_names_its_items_as_their_plain_list_would():
     """`Items` (messages, tools written once per object) leaves the name of a call what the whole request's JSON made it."""
     from langchain_core.messages import AIMessage, HumanMessage, message_to_dict
