@@ -47,7 +47,7 @@ from envs.mcp_server import DirectSession, connection, direct_session, memory_se
 from harness.abi import BaseHarness, EpisodeView, ToolRequest, call_hook
 from harness.bundle import Bundle, load_bundle
 from harness.remote import HookError, SandboxedHarness
-from state.journal import call_scope, run_thread
+from state.journal import call_scope, episode_scope, run_thread
 from roles.models import ChatModel, ContextLimitError, InfrastructureError, chat_model
 from state.context import ConfigError, Context, EpisodeRequest
 from state.records import EnvironmentSpec, Observation, ToolInfo, UsageRecord, capped
@@ -393,11 +393,6 @@ async def environment_session(entry: Entry, side: str, catalog: str, transport: 
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
-
-
-def episode_scope(thread: str, episode_id: str) -> str:
-    """The journal scope of an episode's calls in the run of `thread`."""
-    return f"{thread}/episode:{episode_id}"
 
 
 async def _journaled_as(scope: str | None, run):

@@ -44,7 +44,7 @@ from envs.grading import ReplayMismatch, deterministic_grade, grade, rejudged
 from envs.spec import SpecError
 from envs.untrusted import EnvironmentFault
 from graphs import engine
-from graphs.episode import episode_scope, run_episode
+from graphs.episode import run_episode
 from harness.bundle import hashed_bundle, load_bundle
 from harness.check import check_bundle
 from harness.tool_sandbox import ToolSandboxError
@@ -52,7 +52,7 @@ from roles.abstention_judge import abstention_judge, judge_id
 from roles.models import InfrastructureError, endpoint_down
 from state.context import ConfigError, Context, EpisodeRequest
 from state import journal
-from state.journal import run_thread
+from state.journal import episode_scope, run_thread
 from state.ledger import Ledger, held
 from state.metrics import Metrics, score
 from state.records import EpisodeKey, EpisodeRecord, capped, merge

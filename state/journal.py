@@ -210,6 +210,11 @@ def _item(item: Any, dump: Callable[[Any], Any]) -> str:
     return text
 
 
+def episode_scope(thread: str, episode_id: str) -> str:
+    """The scope of an episode's calls in the run of `thread`."""
+    return f"{thread}/episode:{episode_id}"
+
+
 def look_ahead(scope: str) -> None:
     """Off the event loop: asks now whether the journal holds calls of `scope`, so that the scope's first call knows
     without a trip to a thread of its own (one an episode waits for, among the first of a busy process). For a caller
