@@ -523,6 +523,69 @@ class ResolveNamedEntities(Component):
                                  "you need:)\n" + "\n".join(lines))
 
 
+NAME_FIELD = re.compile(r"(?:^|_)name$", re.IGNORECASE)
+WORD = re.compile(r"[^\W_][\w\-]*")
+
+
+def _words(text: str) -> set[str]:
+    return {w.casefold() for w in WORD.findall(text)} - COMMON
+
+
+def _scalars(value: Any) -> list[str]:
+    """A record's values, nested ones too, as text."""
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _scalars(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _scalars(v)]
+    return [] if value is None or isinstance(value, bool) else [str(value)]
+
+
+def indistinct(request: str, observation: Observation) -> list[str]:
+    """The ids of the records of a search result that `request` cannot tell apart: two or more named exactly what was
+    searched for, with no other such record holding more of the request's words (two active students named Grace
+    Lopez, both sociology juniors). Empty otherwise: one such record, or one the request's words single out."""
+    rows = observation.output if observation.ok and isinstance(observation.output, list) else []
+    searched = {" ".join(v.casefold().split()) for v in observation.args.values() if isinstance(v, str)}
+    named = {next((v for _, v in _keys(r)), ""): r for r in rows if isinstance(r, dict) and any(
+        NAME_FIELD.search(f) and isinstance(v, str) and " ".join(v.casefold().split()) in searched for f, v in r.items())}
+    named.pop("", None)  # a record without an id cannot be named back
+    asked = _words(request)
+    held = {i: len(asked & _words(" ".join(_scalars(r)))) for i, r in named.items()}
+    most = max(held.values(), default=0)
+    tied = [i for i, n in held.items() if n == most]
+    return tied if len(tied) >= 2 else []
+
+
+class StopOnIndistinctMatches(Component):
+    name = "stop_on_indistinct_matches"
+    addresses = ('did_not_abstain', 'forbidden_action')
+    summary = ("when a search finds two or more records named exactly as searched that the request's words do not tell "
+               "apart, blocks changes and answers that the request does not say which one it means (unless the answer "
+               "names them all)")
+
+    def _found(self, view: EpisodeView) -> tuple[Observation, list[str]] | None:
+        request = view.instruction.split(LOOKED_UP)[0]
+        return next(((o, ids) for o in _read(view) if (ids := indistinct(request, o))), None)
+
+    def before_tool_call(self, view, call):
+        found = self._found(view) if call.name in _writes(view) else None
+        if found is None:
+            return None
+        o, ids = found
+        return Decision(action="block", message=f"Not run: {o.tool} found {len(ids)} records ({', '.join(ids)}) that match "
+                                                "everything the request says, and it does not say which one it means. Do not "
+                                                "change anything; say so.")
+
+    async def finalize(self, view, answer):
+        found = None if _committed(view) else self._found(view)
+        if found is None or all(i in answer for i in found[1]):
+            return None
+        o, ids = found
+        return Final(action="abstain", text=f"I cannot tell which record this request means: {o.tool}"
+                                            f"({json.dumps(o.args, ensure_ascii=False)}) found {len(ids)} that match everything "
+                                            f"it says ({', '.join(ids)}). Please say which one.")
+
+
 CUT = re.compile(r"[(\[{]\s*$")
 
 
@@ -784,8 +847,8 @@ class AnswerFromResults(Component):
 LIBRARY: dict[str, type[Component]] = {c.name: c for c in (
     LookBeforeAct, StopOnNegativeEvidence, SuppressDuplicateCalls, CheckBeforeCommit, FlagMultipleMatches,
     CheckRelatedAuthorization, ConfirmFinalDecision, GroundIdentifiers, OneWritePerTurn, RefuseFailedRepeat,
-    CompactObservations, ResolveNamedEntities, ReaskUnparsedCalls, ReadBeforeWrite, CallBeforeAnswering, CheckChangeMade,
-    CiteBlockingEvidence, FollowThrough, ReportTheChange, AnswerFromResults,
+    CompactObservations, ResolveNamedEntities, StopOnIndistinctMatches, ReaskUnparsedCalls, ReadBeforeWrite,
+    CallBeforeAnswering, CheckChangeMade, CiteBlockingEvidence, FollowThrough, ReportTheChange, AnswerFromResults,
 )}
 ComponentName = Literal[tuple(LIBRARY)]  # type: ignore[valid-type]
 

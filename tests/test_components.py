@@ -33,8 +33,10 @@ from harness.components import (
     ConfirmFinalDecision,
     FinalCheck,
     FlagMultipleMatches,
+    indistinct,
     LookBeforeAct,
     Stack,
+    StopOnIndistinctMatches,
     StopOnNegativeEvidence,
     SuppressDuplicateCalls,
     _read,
@@ -449,6 +451,38 @@ def test_a_request_asks_for_a_change_in_the_words_of_a_write_tool_or_a_polite_ve
     assert named_changes("Could you book her on the 9am flight?", leave) == ["book"]
     assert named_changes("Which flight is she on? Can you check for her?", leave) == []
     assert named_changes("Update the file.", []) == []
+
+
+def test_indistinct_records_are_named_as_searched_and_alike_in_the_requests_words():
+    ana = {"applicant_name": "Ana Ruiz", "address": "4 Elm St", "status": "pending"}
+    twins = [{"permit_id": "P-1", **ana}, {"permit_id": "P-2", **ana}]
+    request = "Issue Ana Ruiz's permit for 4 Elm St."
+    assert indistinct(request, seen("find_permits", {"name": "ana  ruiz"}, twins)) == ["P-1", "P-2"]
+    other_street = [twins[0], {**twins[1], "address": "9 Oak Ave"}]  # the request's words single out P-1
+    assert indistinct(request, seen("find_permits", {"name": "Ana Ruiz"}, other_street)) == []
+    assert indistinct("Issue Ana Ruiz's permit.", seen("find_permits", {"name": "Ana Ruiz"}, other_street)) == ["P-1", "P-2"]
+    namesake = [twins[0], {**twins[1], "applicant_name": "Ana Ruiz Gomez"}]  # not named as searched
+    assert indistinct(request, seen("find_permits", {"name": "Ana Ruiz"}, namesake)) == []
+    assert indistinct(request, seen("find_permits", {"name": "Ana Ruiz"}, twins[:1])) == []
+    assert indistinct(request, seen("find_permits", {"name": "Ana Ruiz"}, twins, ok=False, code="down")) == []
+
+
+def test_stop_on_indistinct_matches_blocks_changes_and_says_the_request_does_not_tell_which():
+    ana = {"applicant_name": "Ana Ruiz", "status": "pending"}
+    found = seen("find_permits", {"name": "Ana Ruiz"}, [{"permit_id": "P-1", **ana}, {"permit_id": "P-2", **ana}], source="harness")
+    c, v = StopOnIndistinctMatches(), small_view(found)
+    blocked = c.before_tool_call(v, call("issue_permit", permit_id="P-1"))
+    assert blocked.action == "block" and "P-1, P-2" in blocked.message
+    assert c.before_tool_call(v, call("get_permit", permit_id="P-1")) is None  # reading on is fine
+    final = asyncio.run(c.finalize(v, "Issued permit P-1."))
+    assert final.action == "abstain" and "find_permits" in final.text and "P-1, P-2" in final.text
+    assert asyncio.run(c.finalize(v, "Two permits match Ana Ruiz: P-1 and P-2. Which one?")) is None  # it names them all
+    v.memory["unshown"] = [0]  # a lookup the agent was never shown decides nothing
+    assert asyncio.run(c.finalize(v, "Issued permit P-1.")) is None
+    one = small_view(seen("find_permits", {"name": "Ana Ruiz"}, [{"permit_id": "P-1", **ana}]))
+    assert asyncio.run(c.finalize(one, "Issued permit P-1.")) is None
+    changed = small_view(found, seen("issue_permit", {"permit_id": "P-1"}, {"ok": True}, read_only=False))
+    assert asyncio.run(c.finalize(changed, "Issued permit P-1.")) is None  # what was done is reported, not denied
 
 
 def test_report_the_change_asks_once_for_an_answer_with_what_the_change_returned():
