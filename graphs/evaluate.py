@@ -52,7 +52,6 @@ from roles.abstention_judge import abstention_judge, judge_id
 from roles.models import InfrastructureError, endpoint_down
 from state.context import ConfigError, Context, EpisodeRequest
 from state import journal
-from state.journal import episode_scope, run_thread
 from state.ledger import Ledger, held
 from state.metrics import Metrics, score
 from state.records import EpisodeKey, EpisodeRecord, capped, merge
@@ -240,9 +239,9 @@ def _claim(ledger: Ledger, key: EpisodeKey, ctx: Context, run_id: str, owner: st
     """`Ledger.claim_episode`. Once `owner` holds the episode for a run in this process, the first attempt's journal
     scope is looked up in the same trip (`journal.look_ahead`): its first model call then makes no trip of its own."""
     claimed = ledger.claim_episode(key.id, run_id, owner)
-    thread = run_thread()
+    thread = journal.run_thread()
     if claimed == (None, None) and thread and not ctx.engine:
-        journal.look_ahead(episode_scope(thread, _episode_id(key, 0)))
+        journal.look_ahead(journal.episode_scope(thread, _episode_id(key, 0)))
     return claimed
 
 

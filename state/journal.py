@@ -12,8 +12,8 @@ kept. A scope's first call asks whether the journal holds any call of that
 scope (`scopes`, written before its calls), unless the caller asked ahead
 (`look_ahead`: an evaluation does, in the trip that claims the episode);
 when it holds none, as in every fresh run, the scope's calls are not looked
-up one by one. The journal lives
-in `runs/calls.db`, or in the PostgreSQL store (`state.store`).
+up one by one. The journal lives in `runs/calls.db`, or in the PostgreSQL
+store (`state.store`).
 
 A reply is written behind the call, by one thread per process that keeps
 what is queued in one transaction (an episode does not wait for the store
