@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from envs.spec import SpecError, load_environment, load_pair, read_yaml, tool_infos, validation_error
 from state.paths import CATALOG
-from state.records import CATEGORIES, EnvironmentSpec, Mutation, PairSpec, StateOp, TaskSpec
+from state.records import CATEGORIES, EnvironmentSpec, Mutation, PairSpec, StateOp, TaskSpec, scalars
 
 MIN_PER_CATEGORY = 4
 SPLIT_SIZES = {"train": 20, "validation": 15, "bench": 25}  # standard-tier pairs (HERA's protocol); short ones come on top
@@ -168,18 +168,10 @@ def public_texts(env: EnvironmentSpec) -> list[tuple[str, str]]:
     return texts
 
 
-def _scalars(value) -> list[str]:
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _scalars(v)]
-    if isinstance(value, (list, tuple)):
-        return [s for v in value for s in _scalars(v)]
-    return [] if value is None or isinstance(value, bool) else [str(value)]
-
-
 def pair_values(pair: PairSpec) -> list[str]:
     """The data a pair's reference calls, answer checks and witness use, less closed-vocabulary words."""
-    values = _scalars([c.args for c in pair.task.reference.calls]) + _scalars([[a.value, *a.any_of] for a in pair.task.answer])
-    values += _scalars(list(pair.mutation.witness))
+    values = scalars([c.args for c in pair.task.reference.calls]) + scalars([[a.value, *a.any_of] for a in pair.task.answer])
+    values += scalars(list(pair.mutation.witness))
     return [v for v in values if v.strip() and not _VOCABULARY.fullmatch(v)]
 
 

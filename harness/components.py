@@ -19,7 +19,7 @@ from langchain_core.messages import HumanMessage
 from pydantic import Field
 
 from harness.abi import BaseHarness, Decision, EpisodeView, Final, ToolRequest, action_schema, answer_schema, call_hook
-from state.records import Observation, Record, ToolInfo
+from state.records import Observation, Record, ToolInfo, scalars
 
 NEGATIVE_MARKERS = ("unavailable", "revoked", "expired", "suspended", "withdrawn", "unauthorized", "not authorized",
                     "denied", "conflict", "outage", "stale", "superseded", "out of service", "no longer")
@@ -531,15 +531,6 @@ def _words(text: str) -> set[str]:
     return {w.casefold() for w in WORD.findall(text)} - COMMON
 
 
-def _scalars(value: Any) -> list[str]:
-    """A record's values, nested ones too, as text."""
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _scalars(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _scalars(v)]
-    return [] if value is None or isinstance(value, bool) else [str(value)]
-
-
 def indistinct(request: str, observation: Observation) -> list[str]:
     """The ids of the records of a search result that `request` cannot tell apart: two or more named exactly what was
     searched for, with no other such record holding more of the request's words (two active students named Grace
@@ -550,7 +541,7 @@ def indistinct(request: str, observation: Observation) -> list[str]:
         NAME_FIELD.search(f) and isinstance(v, str) and " ".join(v.casefold().split()) in searched for f, v in r.items())}
     named.pop("", None)  # a record without an id cannot be named back
     asked = _words(request)
-    held = {i: len(asked & _words(" ".join(_scalars(r)))) for i, r in named.items()}
+    held = {i: len(asked & _words(" ".join(scalars(r)))) for i, r in named.items()}
     most = max(held.values(), default=0)
     tied = [i for i, n in held.items() if n == most]
     return tied if len(tied) >= 2 else []

@@ -34,6 +34,15 @@ Tier = Literal["short", "standard"]  # short: a reference of 2–3 calls
 Side = Literal["act", "abstain"]
 
 
+def scalars(value: Any) -> list[str]:
+    """The values in a JSON-like value (dicts, lists and tuples walked), as text; nulls and booleans left out."""
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in scalars(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in scalars(v)]
+    return [] if value is None or isinstance(value, bool) else [str(value)]
+
+
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
