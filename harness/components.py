@@ -535,10 +535,13 @@ def indistinct(request: str, observation: Observation) -> list[str]:
     """The ids of the records of a search result that `request` cannot tell apart: two or more named exactly what was
     searched for, with no other such record holding more of the request's words (two active students named Grace
     Lopez, both sociology juniors). Empty otherwise: one such record, or one the request's words single out."""
+    def folded(text) -> str | None:
+        return " ".join(text.casefold().split()) if isinstance(text, str) else None
+
     rows = observation.output if observation.ok and isinstance(observation.output, list) else []
-    searched = {" ".join(v.casefold().split()) for v in observation.args.values() if isinstance(v, str)}
-    named = {next((v for _, v in _keys(r)), ""): r for r in rows if isinstance(r, dict) and any(
-        NAME_FIELD.search(f) and isinstance(v, str) and " ".join(v.casefold().split()) in searched for f, v in r.items())}
+    searched = {folded(v) for v in observation.args.values()} - {None}
+    named = {next((v for _, v in _keys(r)), ""): r for r in rows
+             if isinstance(r, dict) and any(NAME_FIELD.search(f) and folded(v) in searched for f, v in r.items())}
     named.pop("", None)  # a record without an id cannot be named back
     asked = _words(request)
     held = {i: len(asked & _words(" ".join(scalars(r)))) for i, r in named.items()}
