@@ -9,7 +9,6 @@ built or imported environment's `tasks/` folder.
 from __future__ import annotations
 
 import glob
-import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -73,13 +72,23 @@ def load_parent(parent_id: str, root: Path | str = CATALOG) -> Parent:
 
 
 def split_pairs(split: str, catalog: Path | str = CATALOG, tier: str | None = None) -> list[str]:
-    """The split's pairs (of one tier, given one), one theme at a time in turn, so that any prefix spans the themes."""
-    by_theme: dict[str, list[str]] = {}
-    for pid, e in sorted(load_catalog(catalog).items()):
+    """The split's pairs (of one tier, given one), one theme at a time in turn, and of a theme the pair whose
+    mutation category the order has taken least so far (then by id), so that any prefix spans the themes and
+    then the categories: the failures a short training pool shows are not all of one kind."""
+    by_theme: dict[str, list[Entry]] = {}
+    for _, e in sorted(load_catalog(catalog).items()):
         if e.pair.split == split and tier in (None, e.pair.tier):
-            by_theme.setdefault(e.env.theme, []).append(pid)
-    rounds = itertools.zip_longest(*by_theme.values())
-    return [pid for round_ in rounds for pid in round_ if pid]
+            by_theme.setdefault(e.env.theme, []).append(e)
+    taken: Counter[str] = Counter()
+    order: list[str] = []
+    while any(by_theme.values()):
+        for entries in by_theme.values():
+            if entries:
+                e = min(entries, key=lambda e: taken[e.pair.mutation.category])  # min keeps the first (by id) of a tie
+                entries.remove(e)
+                taken[e.pair.mutation.category] += 1
+                order.append(e.pair.id)
+    return order
 
 
 def task_ids(env_dir: Path | str) -> list[str]:

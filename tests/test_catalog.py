@@ -27,6 +27,18 @@ def test_split_order_spans_themes_first():
     assert len({CATALOG[p].env.theme for p in bench[:5]}) == 5
 
 
+def test_split_order_then_spans_mutation_categories():
+    from graphs.api import split_pairs
+
+    for split in ("train", "validation", "bench"):
+        for tier in (None, "short"):
+            pairs = split_pairs(split, tier=tier)
+            themes = {CATALOG[p].env.theme for p in pairs}
+            first = pairs[: len(themes)]
+            assert {CATALOG[p].env.theme for p in first} == themes
+            assert len({CATALOG[p].pair.mutation.category for p in first}) == len(first), (split, tier, first)
+
+
 def test_a_tool_description_quoting_a_real_key_as_its_example_is_a_finding(tmp_path):
     import shutil
 
