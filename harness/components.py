@@ -33,9 +33,17 @@ class Component:
     name: ClassVar[str]
     summary: ClassVar[str]
     addresses: ClassVar[tuple[str, ...]] = ()  # the failure kinds (state.evolution.FailureKind) it is built for
+    categories: ClassVar[tuple[str, ...]] = ()  # the mutation categories (state.records.CATEGORIES) whose twins it refuses
 
     class Params(Record):
         pass
+
+    @classmethod
+    def built_for(cls, group: str) -> bool:
+        """Whether it is built for a failure group ("kind/category", or a kind alone): it addresses the kind, or it
+        refuses the twins of the category (an ambiguous twin answered or refused without evidence alike)."""
+        kind, _, category = group.partition("/")
+        return kind in cls.addresses or category in cls.categories
 
     def __init__(self, params: dict[str, Any] | None = None):
         self.params = self.Params.model_validate(params or {})
@@ -85,6 +93,7 @@ class LookBeforeAct(Component):
 class StopOnNegativeEvidence(Component):
     name = "stop_on_negative_evidence"
     addresses = ('did_not_abstain', 'forbidden_action')
+    categories = ('broken_tool', 'authorization_revoked', 'stale_record', 'conflicting_records')
     summary = "after a result reports unavailable, revoked, expired, conflicting or similar evidence, blocks state-changing calls and tells the agent to explain instead"
 
     class Params(Record):
@@ -150,6 +159,7 @@ class CheckBeforeCommit(Component):
 class FlagMultipleMatches(Component):
     name = "flag_multiple_matches"
     addresses = ('did_not_abstain',)
+    categories = ('ambiguous_entity',)
     summary = "when a lookup returns several records, tells the agent to make sure which one is meant before acting"
 
     class Params(Record):
@@ -167,6 +177,7 @@ class FlagMultipleMatches(Component):
 class CheckRelatedAuthorization(Component):
     name = "check_related_authorization"
     addresses = ('did_not_abstain', 'forbidden_action')
+    categories = ('authorization_revoked',)
     summary = "points out authorisation, consent or permission fields in a result whose value does not allow acting"
 
     class Params(Record):
@@ -553,6 +564,7 @@ def indistinct(request: str, observation: Observation) -> list[str]:
 class StopOnIndistinctMatches(Component):
     name = "stop_on_indistinct_matches"
     addresses = ('did_not_abstain', 'forbidden_action')
+    categories = ('ambiguous_entity',)
     summary = ("when a search finds two or more records named exactly as searched that the request's words do not tell "
                "apart, blocks changes and answers that the request does not say which one it means (unless the answer "
                "names them all)")
@@ -822,6 +834,7 @@ def unseen_values(answer: str, sources: Iterable[str]) -> list[str]:
 class AnswerFromResults(Component):
     name = "answer_from_results"
     addresses = ('did_not_abstain', 'wrong_answer')
+    categories = ('missing_evidence',)
     summary = ("when the final answer gives numbers, dates or ids that are in no tool result and not in the request, "
                "names them and sends the answer back once: give only what the results show, or say what is missing")
 
@@ -847,19 +860,26 @@ LIBRARY: dict[str, type[Component]] = {c.name: c for c in (
 ComponentName = Literal[tuple(LIBRARY)]  # type: ignore[valid-type]
 
 
-def catalog_text(kinds: Iterable[str] = ()) -> str:
-    """The library as the roles that choose components read it: the components built for the failure `kinds` of a
-    diagnosis first, each marked with the kinds it addresses (a 1.5B panel never picked ground_identifiers for
-    agents that invented ids until the failures were named so and the component said it was built for them)."""
-    order = {k: i for i, k in enumerate(dict.fromkeys(kinds))}
+def catalog_text(groups: Iterable[str] = ()) -> str:
+    """The library as the roles that choose components read it: the components built for the failure `groups` of a
+    diagnosis (`Component.built_for`) first, in its order, each marked with what it is built for (a 1.5B panel never
+    picked ground_identifiers for agents that invented ids until the failures were named so and the component said
+    it was built for them)."""
+    order = list(dict.fromkeys(groups))
 
-    def rank(cls: type[Component]) -> int:
-        return min((order[k] for k in cls.addresses if k in order), default=len(order))
+    def built(cls: type[Component]) -> dict[str, int]:
+        """What it is built for, in words, with the first group that shows it."""
+        found: dict[str, int] = {}
+        for i, (kind, _, category) in enumerate(g.partition("/") for g in order):
+            if kind in cls.addresses:
+                found.setdefault(kind.replace("_", " "), i)
+            if category in cls.categories:
+                found.setdefault(f"{category.replace('_', ' ')} twins", i)
+        return found
 
     lines = []
-    for cls in sorted(LIBRARY.values(), key=rank):
-        built = ", ".join(k.replace("_", " ") for k in cls.addresses if k in order)
-        lines.append(f"- {cls.name} (built for: {built}): {cls.summary}" if built else f"- {cls.name}: {cls.summary}")
+    for cls in sorted(LIBRARY.values(), key=lambda cls: min(built(cls).values(), default=len(order))):
+        lines.append(f"- {cls.name} (built for: {', '.join(built(cls))}): {cls.summary}" if built(cls) else f"- {cls.name}: {cls.summary}")
     return "\n".join(lines)
 
 

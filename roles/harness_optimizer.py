@@ -116,9 +116,10 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
 def unaddressed(edit: HarnessEdit, current: dict[str, dict], groups: list[str]) -> list[str]:
     """The library's components built for the failure kind the edit starts from (`groups[0]`), when the edit changes
     components and adds none of them while the harness has none; else []."""
-    start = groups[0].split("/")[0] if groups else None
-    built = built_for(start, current)
-    covered = any(start in LIBRARY[n].addresses for n in current if n in LIBRARY)
+    if not groups:
+        return []
+    built = built_for(groups[0], current)
+    covered = any(LIBRARY[n].built_for(groups[0]) for n in current if n in LIBRARY)
     changed = _changed(edit, current)
     return built if changed and built and not covered and not set(built) & set(changed) else []
 
@@ -284,18 +285,19 @@ def apply_edit(staging: Path, edit: HarnessEdit) -> list[str]:
     return notes
 
 
-def built_for(kind: str | None, current: dict[str, dict]) -> list[str]:
-    """The library's components built for failure `kind` that the harness (its `current` components) lacks."""
-    return [c.name for c in LIBRARY.values() if kind in c.addresses and c.name not in current]
+def built_for(group: str, current: dict[str, dict]) -> list[str]:
+    """The library's components built for a failure group (`Component.built_for`) that the harness (its `current`
+    components) lacks."""
+    return [c.name for c in LIBRARY.values() if c.built_for(group) and c.name not in current]
 
 
-def nothing_changed(kind: str | None, current: dict[str, dict]) -> str:
+def nothing_changed(group: str | None, current: dict[str, dict]) -> str:
     """Why an edit that leaves the harness as it was is rejected, with the components built for the failure kind the
     candidate starts from that the harness lacks (the local model, told only that its edit changed nothing, sent the
     same list of current components back)."""
-    missing = built_for(kind, current)
+    missing = built_for(group, current) if group else []
     return "it changes nothing in the harness" + (
-        f"; components built for {kind.replace('_', ' ')} that it does not have: {', '.join(missing)}" if missing else "")
+        f"; components built for {group.split('/')[0].replace('_', ' ')} that it does not have: {', '.join(missing)}" if missing else "")
 
 
 def _current_components(staging: Path) -> dict[str, dict]:
@@ -312,8 +314,7 @@ async def structured_edit(staging: Path, brief: str, harness: str, model: str, t
     llm = chat_model(model, role="harness_optimizer", timeout_s=timeout_s)
     current = await asyncio.to_thread(_current_components, staging)
     schema = edit_schema(list(groups), len(current) + MAX_COMPONENT_CHANGES)
-    kinds = [g.split("/")[0] for g in groups]
-    messages: list[BaseMessage] = [HumanMessage(render("harness_optimizer", harness=harness, brief=brief, components=catalog_text(kinds),
+    messages: list[BaseMessage] = [HumanMessage(render("harness_optimizer", harness=harness, brief=brief, components=catalog_text(groups),
                                                        max_changes=str(MAX_COMPONENT_CHANGES)))]
     usage, before = [], await asyncio.to_thread(signature, staging)
     for ask in range(1, EDIT_ASKS + 1):
@@ -328,7 +329,7 @@ async def structured_edit(staging: Path, brief: str, harness: str, model: str, t
             notes = dropped + await asyncio.to_thread(apply_edit, staging, edit)
             after = await asyncio.to_thread(signature, staging)
             if after == before:
-                problems = [nothing_changed(kinds[0] if kinds else None, current)]
+                problems = [nothing_changed(groups[0] if groups else None, current)]
             elif after in taken:
                 problems = ["it makes the same harness as an earlier candidate of this block; make a different edit"]
             if problems:

@@ -645,3 +645,23 @@ def test_the_catalog_puts_the_components_built_for_the_diagnosed_failures_first(
     assert set(built) == {n for n, c in LIBRARY.items() if "guessed_identifier" in c.addresses} >= {"ground_identifiers", "resolve_named_entities"}
     assert [line.split(" ")[1] for line in lines[:len(built)]] == built
     assert "built for" not in catalog_text()
+
+
+def test_a_component_is_built_for_the_twins_of_its_category_whatever_the_failure_kind():
+    """std12's H0 refused the ambiguous twin of its training pool without evidence (ungrounded abstain), a kind
+    stop_on_indistinct_matches does not address; the component is built for that twin's category all the same."""
+    from harness.components import catalog_text
+
+    group = "ungrounded_abstain/ambiguous_entity"
+    lines = catalog_text([group]).splitlines()
+    built = {line.split(" ")[1] for line in lines if "(built for:" in line}
+    assert built == {n for n, c in LIBRARY.items() if c.built_for(group)}
+    assert {"stop_on_indistinct_matches", "flag_multiple_matches"} <= built
+    assert "(built for: ambiguous entity twins" in next(line for line in lines if line.startswith("- stop_on_indistinct_matches "))
+    assert all("(built for:" in line for line in lines[:len(built)])
+    assert not LIBRARY["stop_on_indistinct_matches"].built_for("ungrounded_abstain/feasible")
+    # the edit checks read the same: an edit for that group must add one of them
+    untied = HarnessEdit(rationale="r", components=[ComponentChoice(name="look_before_act", addresses=group)])
+    assert "stop_on_indistinct_matches" in edit_problems(untied, {}, [group])[0]
+    assert edit_problems(untied.model_copy(update={"components": [ComponentChoice(name="stop_on_indistinct_matches", addresses=group)]}),
+                         {}, [group]) == []
