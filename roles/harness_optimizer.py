@@ -114,7 +114,7 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
 
 
 def unaddressed(edit: HarnessEdit, current: dict[str, dict], groups: list[str]) -> list[str]:
-    """The library's components built for the failure kind the edit starts from (`groups[0]`), when the edit changes
+    """The library's components built for the failure group the edit starts from (`groups[0]`), when the edit changes
     components and adds none of them while the harness has none; else []."""
     if not groups:
         return []
@@ -292,7 +292,7 @@ def built_for(group: str, current: dict[str, dict]) -> list[str]:
 
 
 def nothing_changed(group: str | None, current: dict[str, dict]) -> str:
-    """Why an edit that leaves the harness as it was is rejected, with the components built for the failure kind the
+    """Why an edit that leaves the harness as it was is rejected, with the components built for the failure group the
     candidate starts from that the harness lacks (the local model, told only that its edit changed nothing, sent the
     same list of current components back)."""
     missing = built_for(group, current) if group else []
