@@ -36,7 +36,7 @@ from state.metrics import fraction
 from graphs.selection import GATE_LEVEL, SPLIT, gate_warning, judge
 from harness.bundle import bundle_diff, load_bundle
 from harness.check import check_bundle, placeholder
-from harness.leakage import leaks
+from harness.leakage import leaks, private_terms
 from roles.models import scripted
 from roles.failure_analyst import analyse_failures, failure_records
 from roles.harness_optimizer import describe_bundle, failure_text, optimize_harness, signature, spec_text, stage
@@ -182,11 +182,12 @@ async def harness_optimizer(state: HarnessEvolutionState, runtime: Runtime[Conte
         briefs = [f"Start from this failure group: {groups[0]}.\n{spec_text(state['spec'])}" if groups else spec_text(state["spec"])]
     # Candidates of one block must differ: none may rebuild the starting bundle or an earlier candidate.
     taken = tuple([await asyncio.to_thread(signature, Path(e.path)) for e in state["lineage"].values() if Path(e.path).is_dir()])
+    private = frozenset(private_terms((await asyncio.to_thread(_entries, state["pool"] + state["validation"], ctx)).values()))
     notes, usage, problems, applied = [], [], [], 0
     for i, brief in enumerate(briefs, 1):
         harness = describe_bundle(load_bundle(staging))
         more_notes, more_usage, failed = await optimize_harness(staging, brief, harness, ctx.optimizer_model, state["channel"],
-                                                                ctx.model_timeout_s, groups, taken)
+                                                                ctx.model_timeout_s, groups, taken, private)
         notes += more_notes
         usage += more_usage
         if not failed:

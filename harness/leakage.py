@@ -37,8 +37,13 @@ def _specific(term: str) -> bool:
     return any(c.isdigit() or c in "-_" for c in term) or (" " in term and any(w[:1].isupper() for w in term.split()))
 
 
+def quoted(text: str, terms: Iterable[str]) -> list[str]:
+    """The `terms` found in `text`, whole-word and case-insensitive."""
+    text = text.casefold()
+    return sorted(t for t in terms if re.search(rf"(?<![\w-]){re.escape(t.casefold())}(?![\w-])", text))
+
+
 def leaks(diff: str, entries: Iterable[Entry]) -> list[str]:
-    """The private terms found, whole-word and case-insensitive, in the lines a diff adds."""
-    added = "\n".join(line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")).casefold()
-    found = [t for t in private_terms(entries) if re.search(rf"(?<![\w-]){re.escape(t.casefold())}(?![\w-])", added)]
-    return sorted(found)
+    """The private terms found in the lines a diff adds."""
+    added = "\n".join(line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++"))
+    return quoted(added, private_terms(entries))

@@ -28,6 +28,7 @@ from pydantic import Field
 from harness.bundle import Bundle
 from harness.check import check_bundle
 from harness.components import LIBRARY, ComponentName, catalog_text
+from harness.leakage import quoted
 from prompts import render
 from roles.models import chat_model
 from state.evolution import ComponentChoice, FailureKind, FailureRecord, HarnessEdit, ModificationSpec, Skill
@@ -89,12 +90,13 @@ def narration(text: str) -> list[str]:
     return found
 
 
-def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str], max_changes: int = MAX_COMPONENT_CHANGES) -> list[str]:
+def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str], max_changes: int = MAX_COMPONENT_CHANGES,
+                  private: frozenset[str] = frozenset()) -> list[str]:
     """What makes a structured edit not worth applying, checked by code: too many component changes, a change tied to
-    no failure group, components changed of which none is built for the failure kind it starts from (`groups[0]`)
+    no failure group, components changed of which none is built for the failure group it starts from (`groups[0]`)
     when the harness has none and the library has one (std5's optimizer, started from guessed identifiers, added two
     write-order components), a prompt addition that is not an instruction to the agent, a skill without a trigger and
-    an action."""
+    an action, a prompt addition or skill that quotes a `private` value of the pool (`harness.leakage`)."""
     problems = []
     chosen = {c.name: c for c in edit.components}
     changed = _changed(edit, current)
@@ -107,9 +109,9 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
     for name in changed:
         if name in chosen and groups and chosen[name].addresses not in groups:
             problems.append(f"component {name} does not name the failure group it addresses (one of: {', '.join(groups)})")
-    problems += addition_problems(edit.system_prompt_addition)
+    problems += addition_problems(edit.system_prompt_addition, private)
     for skill in edit.skills:
-        problems += skill_problems(skill)
+        problems += skill_problems(skill, private)
     return problems
 
 
@@ -130,24 +132,34 @@ def _changed(edit: HarnessEdit, current: dict[str, dict]) -> list[str]:
     return sorted({n for n in current if n not in chosen} | {n for n, c in chosen.items() if current.get(n) != (c.params or {})})
 
 
-def addition_problems(addition: str) -> list[str]:
+def specific(text: str, private: frozenset[str]) -> list[str]:
+    """Why `text` is not written for any task: the `private` values of the pool it quotes (the leakage lint would turn
+    the whole candidate away for them: std13's optimizer wrote a skill around one training task's city)."""
+    found = quoted(text, private)
+    return [f"it quotes {', '.join(repr(t) for t in found[:4])} from the training tasks; write it for any task"] if found else []
+
+
+def addition_problems(addition: str, private: frozenset[str] = frozenset()) -> list[str]:
     addition = addition.strip()
     if not addition or addition.casefold() in NOTHING:
         return []
-    return [f"the prompt addition is not an instruction to the agent: {why}" for why in narration(addition)]
+    return [f"the prompt addition is not an instruction to the agent: {why}" for why in narration(addition)] + [
+        f"the prompt addition is not general: {why}" for why in specific(addition, private)]
 
 
-def skill_problems(skill: Skill) -> list[str]:
+def skill_problems(skill: Skill, private: frozenset[str] = frozenset()) -> list[str]:
     label, problems = skill.id or skill.title, []
     if len(skill.pattern.split()) < 3 or VAGUE_TRIGGER.match(skill.pattern):
         problems.append(f"skill {label!r} has no concrete trigger: say in which situation it applies")
     if len(skill.tip.split()) < 3:
         problems.append(f"skill {label!r} has no action: say what the agent should do then")
     # the title is a label (a component's name in words is fine there); what the agent is told to do is checked
-    return problems + [f"skill {label!r} is not an instruction to the agent: {why}" for why in narration(f"{skill.pattern} {skill.tip}")]
+    return problems + [f"skill {label!r} is not an instruction to the agent: {why}" for why in narration(f"{skill.pattern} {skill.tip}")] + [
+        f"skill {label!r} is not general: {why}" for why in specific(f"{skill.id} {skill.title} {skill.pattern} {skill.tip}", private)]
 
 
-def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], brief: str = "") -> tuple[HarnessEdit, list[str]] | None:
+def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], brief: str = "",
+             private: frozenset[str] = frozenset()) -> tuple[HarnessEdit, list[str]] | None:
     """The edit without its skills and prompt addition that fail their checks (a note for each); when it changes
     more components than allowed, with the current components it left out put back; and when that is all that is
     wrong with its components but none of them is built for the failure kind it starts from, with the harness's
@@ -157,11 +169,11 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
     lost to one skill's vague trigger; a list of the current components and two more that left one current
     component out, three changes; and three times the same two write-order components for guessed identifiers,
     whose diagnosis had named `refuse_failed_repeat`)."""
-    skills = [k for k in edit.skills if not skill_problems(k)]
-    notes = [f"dropped: {p}" for k in edit.skills for p in skill_problems(k)]
+    skills = [k for k in edit.skills if not skill_problems(k, private)]
+    notes = [f"dropped: {p}" for k in edit.skills for p in skill_problems(k, private)]
     addition = edit.system_prompt_addition
-    if addition_problems(addition):
-        notes += [f"dropped: {p}" for p in addition_problems(addition)]
+    if addition_problems(addition, private):
+        notes += [f"dropped: {p}" for p in addition_problems(addition, private)]
         addition = ""
     components, chosen = list(edit.components), {c.name: c for c in edit.components}
     left_out = [n for n in current if n not in chosen]
@@ -171,7 +183,7 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
         notes.append(f"kept {', '.join(left_out)}: the edit left {'it' if len(left_out) == 1 else 'them'} out, which made more "
                      f"than {MAX_COMPONENT_CHANGES} component changes")
     kept = edit.model_copy(update={"skills": skills, "system_prompt_addition": addition, "components": components})
-    if (built := unaddressed(kept, current, groups)) and len(edit_problems(kept, current, groups)) == 1:
+    if (built := unaddressed(kept, current, groups)) and len(edit_problems(kept, current, groups, private=private)) == 1:
         named = [n for n in built if n in brief]
         pick = min(named, key=brief.index) if named else built[0]
         start = groups[0].split("/")[0].replace("_", " ")
@@ -179,7 +191,7 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
                      f"component built for the failure group it starts from")
         kept = kept.model_copy(update={"components": [ComponentChoice(name=n, params=p) for n, p in current.items()] + [
             ComponentChoice(name=pick, addresses=groups[0])]})
-    return None if edit_problems(kept, current, groups) else (kept, notes)
+    return None if edit_problems(kept, current, groups, private=private) else (kept, notes)
 
 
 def signature(bundle: Path) -> str:
@@ -305,8 +317,8 @@ def _current_components(staging: Path) -> dict[str, dict]:
     return {c["name"]: c.get("params") or {} for c in raw or []}
 
 
-async def structured_edit(staging: Path, brief: str, harness: str, model: str, timeout_s: float,
-                          groups: list[str] = (), taken: tuple[str, ...] = ()) -> tuple[list[str], list[UsageRecord], list[str]]:
+async def structured_edit(staging: Path, brief: str, harness: str, model: str, timeout_s: float, groups: list[str] = (),
+                          taken: tuple[str, ...] = (), private: frozenset[str] = frozenset()) -> tuple[list[str], list[UsageRecord], list[str]]:
     """Channel (i): one schema-constrained edit, checked by code and applied to the staging copy; a rejected edit is
     asked for again with the reasons, up to EDIT_ASKS times, the last one kept without its failing skills and prompt
     addition when its components pass (`salvaged`). Notes, usage, and the problems of the last ask when none
@@ -320,8 +332,8 @@ async def structured_edit(staging: Path, brief: str, harness: str, model: str, t
     for ask in range(1, EDIT_ASKS + 1):
         edit, used = await llm.structured(messages, schema)
         usage.append(used)
-        problems, dropped = edit_problems(edit, current, list(groups)), []
-        if problems and ask == EDIT_ASKS and (kept := salvaged(edit, current, list(groups), brief)):
+        problems, dropped = edit_problems(edit, current, list(groups), private=private), []
+        if problems and ask == EDIT_ASKS and (kept := salvaged(edit, current, list(groups), brief, private)):
             (edit, dropped), problems = kept, []
         if not problems:
             backup = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-edit-"))
@@ -418,10 +430,12 @@ async def code_edit(staging: Path, brief: str, harness: str, model: str, timeout
 
 
 async def optimize_harness(staging: Path, brief: str, harness: str, model: str, channel: Channel, timeout_s: float = 1800.0,
-                            groups: list[str] = (), taken: tuple[str, ...] = ()) -> tuple[list[str], list[UsageRecord], list[str]]:
+                           groups: list[str] = (), taken: tuple[str, ...] = (),
+                           private: frozenset[str] = frozenset()) -> tuple[list[str], list[UsageRecord], list[str]]:
     """Edits the staging bundle from `brief` (a modification spec or one failure); notes, usage and the edit's
-    problems (none when it was applied)."""
+    problems (none when it was applied). A structured edit that quotes a `private` value of the pool is asked for
+    again; a code edit is left to the leakage lint."""
     if channel == "structured":
-        return await structured_edit(staging, brief, harness, model, timeout_s, groups, taken)
+        return await structured_edit(staging, brief, harness, model, timeout_s, groups, taken, private)
     notes, usage = await code_edit(staging, brief, harness, model, timeout_s)
     return notes, usage, []

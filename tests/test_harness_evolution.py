@@ -325,14 +325,32 @@ def test_a_rejected_candidate_is_kept_in_the_lineage_with_why(context):
     scripted.register("agent", [eager_agent] * 200)
     scripted.register("judge", [shop_judge] * 40)
     scripted.register("analyst", [CAUSE, SPEC])
-    leaky = {**EDIT, "system_prompt_addition": "For DR-220 the answer is 89.0."}
-    scripted.register("optimizer", [tied(leaky)])
+    # a code edit (free file tools) is checked only by the lint, once the candidate is built
+    scripted.register("optimizer", [
+        {"tool_calls": [{"name": "replace_in_file", "args": {"path": "prompts/system.md", "old": "tools available.",
+                                                               "new": "tools available. For DR-220 the answer is 89.0."}}]},
+        {"tool_calls": [{"name": "finish", "args": {"summary": "done"}}]}])
     run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context,
-                                                   candidates=1, mode="aggregate"))
+                                                   candidates=1, mode="aggregate", channel="code"))
     c1 = final["lineage"][f"{run_id}:c1"]
     assert c1.problems == ("leakage: the diff contains private values of the pool: 89.0, DR-220",)
     assert not c1.adopted and c1.train is None and final["selected"] == f"{run_id}:H0"
     shutil.rmtree(c1.path)
+
+
+def test_a_structured_edit_quoting_the_pool_loses_that_text_not_the_candidate(context):
+    """The optimizer is given the pool's private values to check its edit against: the same leaky prompt addition
+    three times is dropped at the last ask, and the candidate, built from its components, is scored."""
+    scripted.register("agent", [eager_agent] * 200)
+    scripted.register("judge", [shop_judge] * 40)
+    scripted.register("analyst", [CAUSE, SPEC])
+    scripted.register("optimizer", [tied({**EDIT, "system_prompt_addition": "For DR-220 the answer is 89.0."})] * 3)
+    run_id, final = asyncio.run(api.evolve_harness("H0", ["shop-reserve-drill"], ["shop-rescued"], context,
+                                                   candidates=1, mode="aggregate"))
+    c1 = final["lineage"][f"{run_id}:c1"]
+    assert c1.problems == () and c1.train is not None
+    assert "+- name: check_before_commit" in c1.diff and "DR-220" not in c1.diff
+    assert "the prompt addition is not general: it quotes '89.0', 'DR-220'" in scripted.calls("optimizer")[1].messages[-1].content
 
 
 def test_cli_block_lineage_and_diff(context, capsys):
@@ -487,6 +505,25 @@ def test_a_rejected_edit_is_asked_again_with_the_reasons(staging):
     again = scripted.calls("optimizer")[1].messages
     assert again[-1].content.startswith("This edit was rejected: the prompt addition is not an instruction to the agent")
     assert "check_before_commit" in (staging / "components.yaml").read_text()
+
+
+def test_a_skill_quoting_the_pools_private_values_is_asked_again_and_dropped_at_the_last_ask(staging):
+    """std13: the optimizer wrote a skill around one training task's location, and the leakage lint turned the whole
+    candidate (two components and structured actions) away after it was built. The edit check reads the same terms."""
+    private = frozenset({"San Francisco, CA", "LOX/999,45"})
+    leaking = {"id": "resolve-point", "title": "Resolve the point", "tip": "check the spelling of the location and call it again",
+               "pattern": "resolve_weather_point gets {'location': 'San Francisco, CA'} and returns no id"}
+    edit = {**EDIT, "skills": [leaking]}
+    assert edit_problems(HarnessEdit.model_validate(edit), {}, [GROUP], private=private) == [
+        "skill 'resolve-point' is not general: it quotes 'San Francisco, CA' from the training tasks; write it for any task"]
+    assert edit_problems(HarnessEdit.model_validate(edit), {}, [GROUP]) == []  # without the pool's terms: nothing to see
+    scripted.register("optimizer", [edit] * 3)
+    notes, usage, problems = asyncio.run(structured_edit(staging, "fix it", "H0", "scripted:optimizer", 60, [GROUP], private=private))
+    assert problems == [] and len(usage) == 3
+    assert "write it for any task" in scripted.calls("optimizer")[1].messages[-1].content
+    assert notes[0].startswith("dropped: skill 'resolve-point' is not general")
+    assert "check_before_commit" in (staging / "components.yaml").read_text() and not any((staging / "skills").glob("*.md"))
+    assert "San Francisco" not in "".join(p.read_text() for p in staging.rglob("*") if p.is_file())
 
 
 def test_the_last_ask_keeps_the_components_and_drops_the_skills_and_prompt_that_fail(staging):
