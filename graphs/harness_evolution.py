@@ -41,7 +41,7 @@ from roles.models import scripted
 from roles.failure_analyst import analyse_failures, failure_records
 from roles.harness_optimizer import describe_bundle, failure_text, optimize_harness, signature, spec_text, stage
 from state.context import Context, EpisodeRequest
-from state.evolution import Diagnosis, FailureGroup, FailureRecord, LineageEntry, ModificationSpec, Turn
+from state.evolution import Diagnosis, FailureGroup, FailureRecord, LineageEntry, ModificationSpec, Turn, group_key
 from state.ledger import Ledger
 from state.metrics import RunScores
 from state.paths import RunPaths
@@ -139,10 +139,6 @@ async def failure_analyst(state: HarnessEvolutionState, runtime: Runtime[Context
     return {"diagnosis": diagnosis.model_copy(update={"groups": groups}), "harness": describe_bundle(load_bundle(parent.path)),
             "review": state["mode"] == "fdcr", "usage": usage, "round_start": start,
             "started": [group_key(groups[0])] if groups else []}
-
-
-def group_key(group: FailureGroup) -> str:
-    return f"{group.kind}/{group.category}"
 
 
 def starting_order(groups: tuple[FailureGroup, ...], tried: list[str], index: int) -> tuple[FailureGroup, ...]:

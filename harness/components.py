@@ -877,10 +877,9 @@ def catalog_text(groups: Iterable[str] = ()) -> str:
                 found.setdefault(f"{category.replace('_', ' ')} twins", i)
         return found
 
-    lines = []
-    for cls in sorted(LIBRARY.values(), key=lambda cls: min(built(cls).values(), default=len(order))):
-        lines.append(f"- {cls.name} (built for: {', '.join(built(cls))}): {cls.summary}" if built(cls) else f"- {cls.name}: {cls.summary}")
-    return "\n".join(lines)
+    marks = {cls: built(cls) for cls in LIBRARY.values()}
+    return "\n".join(f"- {cls.name} (built for: {', '.join(found)}): {cls.summary}" if found else f"- {cls.name}: {cls.summary}"
+                     for cls, found in sorted(marks.items(), key=lambda item: min(item[1].values(), default=len(order))))
 
 
 class Stack(BaseHarness):

@@ -55,6 +55,11 @@ class FailureGroup(Record):
     evidence: str = ""
 
 
+def group_key(group: FailureGroup) -> str:
+    """A failure group as the roles and the edit checks name it: "kind/category"."""
+    return f"{group.kind}/{group.category}"
+
+
 class Diagnosis(Record):
     """Failure groups, recurring (two or more distinct tasks) first."""
 
