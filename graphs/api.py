@@ -41,12 +41,14 @@ evaluate = runner.evaluate  # an evaluation run (or resumed): its id, metrics an
 
 
 def resume_request(run_id: str | None, context: Context, **given) -> dict:
-    """An evaluation's request (pair_ids, bundle, trials, seed, model, judge): what is given, else what run `run_id`
-    recorded when it is resumed, else the defaults (the whole split is the caller's to choose)."""
+    """An evaluation's request (pair_ids, bundle, trials, seed, model, judge, max_turns): what is given, else what run
+    `run_id` recorded when it is resumed, else the defaults (the whole split is the caller's to choose; no turn cap but
+    the harness's own)."""
     recorded = (recorded_run(run_id, context) if run_id else None) or {}
-    defaults = {"pair_ids": None, "bundle": "H0", "trials": 1, "seed": 0, "model": "local", "judge": None}
-    return {key: next((v for v in (given.get(key), recorded.get(key)) if v is not None and v != []), default)
-            for key, default in defaults.items()}
+    defaults = {"pair_ids": None, "bundle": "H0", "trials": 1, "seed": 0, "model": "local", "judge": None, "max_turns": None}
+    request = {key: next((v for v in (given.get(key), recorded.get(key)) if v is not None and v != []), default)
+               for key, default in defaults.items()}
+    return request | {"max_turns": request["max_turns"] or None}  # a run recorded with no cap (0) is resumed with none
 
 
 async def transfer(

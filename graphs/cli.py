@@ -481,14 +481,14 @@ def _note_unrecorded(ledger: Ledger) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     catalog = args.catalog
     request = api.resume_request(args.run_id, context_from(args), pair_ids=args.pairs, bundle=args.harness, trials=args.trials,
-                                 seed=args.seed, model=args.model, judge=args.judge_model)
+                                 seed=args.seed, model=args.model, judge=args.judge_model, max_turns=args.max_turns)
     for option, key in (("--model", "model"), ("--judge-model", "judge")) if args.run_id else ():
         try:  # read back from the ledger, not parsed: its credentials may be gone
             model_spec(request[key] or request["model"])
         except argparse.ArgumentTypeError as exc:
             raise ConfigError(f"{option} {request[key]} (run {args.run_id}'s): {exc}") from None
     args.pairs, args.harness, args.trials, args.seed = request["pair_ids"], request["bundle"], request["trials"], request["seed"]
-    args.model, args.judge_model = request["model"], request["judge"]
+    args.model, args.judge_model, args.max_turns = request["model"], request["judge"], request["max_turns"]
     pair_ids = args.pairs or split_pairs(args.split, catalog)
     if args.limit:
         pair_ids = pair_ids[: args.limit]
@@ -1138,7 +1138,7 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--trials", type=positive_int, help="trials per pair and side (default 1)")
     ev.add_argument("--seed", type=non_negative_int)
     episode_options(ev)
-    run_options(ev, resume="resume this run (its recorded harness, pairs, trials, seed and models)")
+    run_options(ev, resume="resume this run (its recorded harness, pairs, trials, seed, models and turn cap)")
     ev.set_defaults(run=run_eval)
     runs = top.add_parser("runs", help="evaluation runs").add_subparsers(dest="runs_command", required=True)
     rl = runs.add_parser("list")

@@ -103,6 +103,7 @@ async def planner(state: EvaluateState, runtime: Runtime[Context]) -> dict:
         ledger.record_run, state["run_id"], bundle=bundle.id, harness_hash=bundle.hash,
         model=runtime.context.agent_model, judge=runtime.context.judge_model, pairs=state["pair_ids"], trials=state["trials"],
         seed=state["seed"], bundle_ref=state["bundle"], tiers={p: e.pair.tier for p, e in entries.items()},
+        max_turns=runtime.context.max_turns or 0,  # 0: no cap but the harness's own
     )
     # Episodes of one environment back to back: they share the prompt prefix a local server keeps cached.
     return {"order": sorted(state["pair_ids"], key=lambda p: (envs[p], state["pair_ids"].index(p))),

@@ -180,8 +180,8 @@ async def evaluate(
         async with held(ledger, f"run:{run_id}", owner):
             payload = None if previous.tasks else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials,
                                                   "seed": seed, **({"sides": sides} if sides else {})}
-            if payload:
-                await asyncio.to_thread(_check_same_run, run_id, payload, context)
+            # an interrupted run goes on with its checkpointed request, under the models and turn cap given now
+            await asyncio.to_thread(_check_same_run, run_id, payload or {}, context)
             # Checkpointed when the run ends, not after each episode: the ledger already keeps every finished episode (the
             # rollout cache), so a run killed before its end starts again from the planner and reuses them. Writing each
             # record to the checkpoints as well took 2% of the event loop in one process and 9% of the coordinator's CPU
@@ -215,12 +215,14 @@ def _check_request(pair_ids: list[str], trials: int, concurrency: int, context: 
 
 
 def recorded_run(run_id: str, context: Context) -> dict | None:
-    """What a recorded evaluation run evaluated: bundle, pair_ids, trials, seed, model, judge; None for an unknown run."""
+    """What a recorded evaluation run evaluated: bundle, pair_ids, trials, seed, model, judge, max_turns (0: no cap
+    but the harness's own; None: a run recorded before caps were); None for an unknown run."""
     run = Ledger(context.ledger).run(run_id)
     if run is None or not run.get("pairs"):
         return None
     return {"bundle": run.get("bundle_ref") or run["bundle"], "pair_ids": json.loads(run["pairs"]),
-            "trials": run.get("trials"), "seed": run.get("seed") or 0, "model": run.get("model"), "judge": run.get("judge")}
+            "trials": run.get("trials"), "seed": run.get("seed") or 0, "model": run.get("model"), "judge": run.get("judge"),
+            "max_turns": run.get("max_turns")}
 
 
 def _check_same_run(run_id: str, payload: dict, context: Context) -> None:
@@ -228,8 +230,8 @@ def _check_same_run(run_id: str, payload: dict, context: Context) -> None:
     recorded = recorded_run(run_id, context)
     if recorded is None:
         return
-    given = {**payload, "model": context.agent_model, "judge": context.judge_model}
-    differs = [k for k, v in recorded.items() if v is not None and given.get(k) != v and not (k == "bundle" and load_bundle(given[k]).hash == load_bundle(v).hash)]
+    given = {**payload, "model": context.agent_model, "judge": context.judge_model, "max_turns": context.max_turns or 0}
+    differs = [k for k, v in recorded.items() if v is not None and k in given and given[k] != v and not (k == "bundle" and load_bundle(given[k]).hash == load_bundle(v).hash)]
     if differs:
         raise ConfigError(f"run {run_id} evaluated " + ", ".join(f"{k}={recorded[k]!r}" for k in differs)
                          + "; resume it with the same settings (omit them to reuse the recorded ones) or start a new run")

@@ -26,12 +26,14 @@ def context(tmp_path):
 
 
 def test_a_resumed_request_takes_what_is_given_else_what_the_run_recorded_else_the_defaults(context):
-    assert api.resume_request(None, context) == {"pair_ids": None, "bundle": "H0", "trials": 1, "seed": 0, "model": "local", "judge": None}
+    assert api.resume_request(None, context) == {"pair_ids": None, "bundle": "H0", "trials": 1, "seed": 0, "model": "local", "judge": None,
+                                                 "max_turns": None}
     scripted.register("agent", [shop_agent] * 5)
     scripted.register("judge", [shop_judge] * 2)
     run = asyncio.run(api.evaluate("H0", [PAIR], context, seed=3))
     run_id = run.run_id
-    recorded = {"pair_ids": [PAIR], "bundle": "H0", "trials": 1, "seed": 3, "model": "scripted:agent", "judge": "scripted:judge"}
+    recorded = {"pair_ids": [PAIR], "bundle": "H0", "trials": 1, "seed": 3, "model": "scripted:agent", "judge": "scripted:judge",
+                "max_turns": None}  # recorded as 0, no cap but the harness's own
     assert api.resume_request(run_id, context) == recorded
     assert api.resume_request(run_id, context, seed=0, model="scripted:other", pair_ids=[]) == recorded | {"seed": 0, "model": "scripted:other"}
     assert api.resume_request("no-such-run", context, trials=2)["trials"] == 2

@@ -273,3 +273,19 @@ def test_a_resume_keeps_the_run_s_models_and_refuses_others(capsys, runs, remote
     assert code == 2 and f"error: run {run_id} evaluated model='scripted:agent'; resume it with the same settings" in err
     run = Ledger(str(runs / "ledger.db")).run(run_id)
     assert (run["model"], run["judge"]) == ("scripted:agent", "scripted:judge")
+
+
+def test_a_resume_keeps_the_run_s_turn_cap_and_refuses_another(capsys, runs, remote):
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge] * 2)
+    try:
+        code, _ = hera(capsys, runs, "eval", "--pairs", PAIR, "--model", "scripted:agent", "--judge-model", "scripted:judge", "--max-turns", "4")
+        assert code == 0
+        run_id = Ledger(str(runs / "ledger.db")).runs()[0]["id"]
+        scripted.register("agent", [])  # an episode under another cap is another episode: any model call fails the test
+        scripted.register("judge", [])
+        assert hera(capsys, runs, "eval", "--run-id", run_id)[0] == 0  # the cap of 4 again: every episode reused
+        code, err = hera(capsys, runs, "eval", "--run-id", run_id, "--max-turns", "5")
+    finally:
+        scripted.clear()
+    assert code == 2 and f"error: run {run_id} evaluated max_turns=4; resume it with the same settings" in err
