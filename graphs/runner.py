@@ -180,7 +180,7 @@ async def evaluate(
         async with held(ledger, f"run:{run_id}", owner):
             payload = None if previous.tasks else {"run_id": run_id, "bundle": bundle, "pair_ids": pair_ids, "trials": trials,
                                                   "seed": seed, **({"sides": sides} if sides else {})}
-            # an interrupted run goes on with its checkpointed request, under the models and turn cap given now
+            # an interrupted run goes on with its checkpointed request: only the models and turn cap given now are checked
             await asyncio.to_thread(_check_same_run, run_id, payload or {}, context)
             # Checkpointed when the run ends, not after each episode: the ledger already keeps every finished episode (the
             # rollout cache), so a run killed before its end starts again from the planner and reuses them. Writing each

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from graphs.cli import main
 from roles.abstention_judge import judge_id
 from roles.models import scripted
 from roles.models import ContextLimitError, InfrastructureError, endpoint_down
-from state.context import Context
+from state.context import ConfigError, Context
 from state.store import is_url
 from state.ledger import Ledger
 from tests.conftest import FIXTURES
@@ -255,6 +256,21 @@ def test_an_endpoint_lost_mid_run_stops_it_and_a_resume_loses_nothing(context):
     scripted.assert_consumed()
     statuses = [a["status"] for a in Ledger(context.ledger).attempts(run_id)]
     assert statuses.count("reused") == 2 and statuses.count("done") == 4
+
+
+def test_a_run_stopped_by_an_error_is_resumed_under_its_turn_cap_only(context):
+    scripted.register("agent", [shop_agent] * 5)
+    scripted.register("judge", [shop_judge])
+
+    def stop(record):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # stopped inside the episodes: the run's checkpoint holds its pending work
+        asyncio.run(api.evaluate("H0", [PAIR], context, run_id="stopped", on_episode=stop))
+    with pytest.raises(ConfigError, match="run stopped evaluated max_turns=0"):  # its episodes under another cap are other episodes
+        evaluate(replace(context, max_turns=3), run_id="stopped")
+    assert evaluate(context, run_id="stopped")[1].complete
+    scripted.assert_consumed()
 
 
 def test_resume_after_sigkill_runs_no_finished_episode_twice(tmp_path, store):
