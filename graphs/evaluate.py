@@ -2,7 +2,9 @@
 
 `planner` checks the bundle in the sandbox and the pairs, and orders the pairs
 by environment; `episodes` runs one `EpisodeTask` per pair × side × trial, in
-that order, at most the caller's `max_concurrency` at once, each through
+that order, at most the caller's `max_concurrency` attempts at once (with
+twice as many episodes in hand, so that the claims and records of the others
+go on beside them), each through
 `episode_worker`, which reuses a finished episode from the rollout cache (the
 ledger) or runs, grades and stores it, re-running infrastructure errors, and
 runs nothing more once a model's endpoint is down
@@ -56,6 +58,9 @@ from state.ledger import Ledger, held
 from state.metrics import Metrics, score
 from state.records import EpisodeKey, EpisodeRecord, capped, merge
 
+# Episodes in hand at once, per attempt allowed at once: the claims, cache reads and ledger writes of the others (trips
+# off the event loop, long ones in a busy process) go on while the attempts run, instead of holding an attempt's place.
+AHEAD = 2
 POLL_S = 1.0  # how often an episode that another evaluation is running is looked for in the ledger
 # Called with each episode's record as it ends, in the context of the run's caller (`graphs.runner.evaluate`).
 ON_EPISODE: contextvars.ContextVar[Callable[[EpisodeRecord], None] | None] = contextvars.ContextVar("hera_on_episode", default=None)
@@ -136,20 +141,30 @@ def episode_tasks(state: EvaluateState) -> list[EpisodeTask]:
 
 
 async def episodes(state: EvaluateState, runtime: Runtime[Context], config: RunnableConfig) -> dict:
-    """Every episode of the run through `episode_worker`, in the planned order, at most `max_concurrency` at once (all
-    at once without it). An exception that is our bug stops the others and fails the run."""
+    """Every episode of the run through `episode_worker`, taken in the planned order, at most `max_concurrency`
+    attempts at once (all at once without it) and `AHEAD` times as many episodes in hand. An exception that is our
+    bug stops the others and fails the run."""
     tasks = episode_tasks(state)
     queue, results, told = iter(tasks), {}, ON_EPISODE.get()
+    limit = min(config.get("max_concurrency") or len(tasks), len(tasks))
+    gate, last = asyncio.Semaphore(limit), asyncio.Event()
+    last.set()
 
     async def work() -> None:
+        nonlocal last
         for task in queue:  # the workers share one iterator: each takes the next episode when its last one ends
-            update = await episode_worker(task, runtime)
+            turn = Turn(gate, last)
+            last = turn.taken
+            try:
+                update = await episode_worker(task, runtime, turn)
+            finally:
+                turn.taken.set()
             for slot, record in update.get("results", {}).items():
                 results[slot] = record
                 if told:
                     told(record)
 
-    workers = [asyncio.create_task(work()) for _ in range(min(config.get("max_concurrency") or len(tasks), len(tasks)))]
+    workers = [asyncio.create_task(work()) for _ in range(min(AHEAD * limit, len(tasks)))]
     try:
         await asyncio.gather(*workers)
     finally:
@@ -159,28 +174,49 @@ async def episodes(state: EvaluateState, runtime: Runtime[Context], config: Runn
     return {"results": results}
 
 
-async def episode_worker(task: EpisodeTask, runtime: Runtime[Context]) -> dict:
+class Turn:
+    """An episode's place at the run's gate (at most `max_concurrency` attempts at once), taken in the planned order:
+    its first entry waits until the episode taken before it has entered or passed (`taken`), so that episodes in hand
+    start in that order whatever order their claims come back in; a later entry (a re-run) waits only for a place."""
+
+    def __init__(self, gate: asyncio.Semaphore, before: asyncio.Event):
+        self.gate, self.before, self.taken = gate, before, asyncio.Event()
+
+    async def __aenter__(self) -> None:
+        await self.before.wait()
+        await self.gate.acquire()
+        self.taken.set()
+
+    async def __aexit__(self, *exc) -> None:
+        self.gate.release()
+
+
+async def episode_worker(task: EpisodeTask, runtime: Runtime[Context], turn: Turn) -> dict:
     """Reuses, waits for (while another evaluation runs it) or runs, grades and stores one episode, unless the
-    agent's or the judge's endpoint is down; writes `results`, the record the ledger holds. An environment fault
-    is not re-run: the same tool fails the same way."""
+    agent's or the judge's endpoint is down; writes `results`, the record the ledger holds. Its model calls (an
+    attempt, a judge's new reading of a reused record) are made in its `turn`. An environment fault is not re-run:
+    the same tool fails the same way."""
     ctx, request, run_id = runtime.context, task["request"], task["run_id"]
     owner = uuid.uuid4().hex
     ledger, entry, key, (cached, holder) = await asyncio.to_thread(_start, request, ctx, run_id, owner)
     while True:
         if cached is not None:
-            cached = _as_asked(await _judged_now(cached, entry, ctx, ledger), request)
+            async with turn:
+                cached = _as_asked(await _judged_now(cached, entry, ctx, ledger), request)
             await asyncio.to_thread(ledger.record_episode, run_id, cached, cached.status == "done")
             return {"results": {_slot(request): cached}}
         if holder is None:
             break
+        turn.taken.set()  # the episodes after it go on while another evaluation runs it
         await asyncio.sleep(POLL_S)
         cached, holder = await asyncio.to_thread(_claim, ledger, key, ctx, run_id, owner)
     record = None
     async with held(ledger, f"episode:{key.id}", owner) as claim:
         for attempt in range(ctx.max_infra_retries + 1):
-            if endpoint_down(ctx.agent_model, ctx.judge_model):
-                break
-            record = await engine.run_attempt(_attempt, entry, request, key, ctx, ledger, _episode_id(key, attempt))
+            async with turn:
+                if endpoint_down(ctx.agent_model, ctx.judge_model):  # looked at once the place is ours: it may have gone down meanwhile
+                    break
+                record = await engine.run_attempt(_attempt, entry, request, key, ctx, ledger, _episode_id(key, attempt))
             last = record.status == "done" or record.termination == "environment_error" or attempt == ctx.max_infra_retries
             record = _as_asked(await asyncio.to_thread(ledger.record_episode, run_id, record, release=claim if last else None), request)
             if last or record.status == "done":  # done: this attempt's record, or another writer's the ledger holds

@@ -92,24 +92,41 @@ def test_rerun_reuses_finished_episodes(context):
     assert sorted(a["status"] for a in attempts) == ["reused", "reused"]
 
 
-def test_episodes_start_in_the_planned_order_at_most_concurrency_at_once_and_are_reported_as_they_end(context, monkeypatch):
+def test_episodes_are_taken_in_the_planned_order_at_most_concurrency_attempts_at_once_and_reported_as_they_end(context, monkeypatch):
     from graphs import evaluate as evaluate_graph
 
-    worker, started, ended, flight = evaluate_graph.episode_worker, [], [], Counter()
+    worker, attempt, start = evaluate_graph.episode_worker, evaluate_graph._attempt, evaluate_graph._start
+    taken, started, ended, flight = [], [], [], Counter()
 
-    async def counted(task, runtime):
+    def slow_first(request, *args):
+        if (request.trial, request.side) == (0, "act"):
+            time.sleep(0.2)  # its claim comes back after the next episodes': they still start after it
+        return start(request, *args)
+
+    async def counted(task, runtime, turn):
         request = task["request"]
+        taken.append((request.trial, request.side))
+        flight["in hand"] += 1
+        flight["most in hand"] = max(flight["most in hand"], flight["in hand"])
+        try:
+            return await worker(task, runtime, turn)
+        finally:
+            flight["in hand"] -= 1
+            ended.append((request.trial, request.side))
+
+    async def attempted(entry, request, *args, **kwargs):
         started.append((request.trial, request.side))
         flight["now"] += 1
         flight["most"] = max(flight["most"], flight["now"])
         try:
             await asyncio.sleep(0.01)  # the others start now if the bound lets them
-            return await worker(task, runtime)
+            return await attempt(entry, request, *args, **kwargs)
         finally:
             flight["now"] -= 1
-            ended.append((request.trial, request.side))
 
     monkeypatch.setattr(evaluate_graph, "episode_worker", counted)
+    monkeypatch.setattr(evaluate_graph, "_attempt", attempted)
+    monkeypatch.setattr(evaluate_graph, "_start", slow_first)
     scripted.register("agent", [shop_agent] * 15)
     scripted.register("judge", [shop_judge] * 3)  # one verdict per answer: the three refusals may share one
     told = []
@@ -117,9 +134,11 @@ def test_episodes_start_in_the_planned_order_at_most_concurrency_at_once_and_are
                                    on_episode=lambda r: told.append(((r.key.trial, r.key.side), len(ended)))))
     scripted.assert_consumed("agent")
     assert run.metrics.complete and run.metrics.counts["pair"] == 3
-    assert started == [(t, side) for t in range(3) for side in ("act", "abstain")] and flight["most"] == 2
+    assert taken == started == [(t, side) for t in range(3) for side in ("act", "abstain")]
+    # two attempts at once, and the next episodes already in hand (claimed) beside them
+    assert flight["most"] == 2 and flight["most in hand"] == 4
     # each record reaches the caller right after its episode ends, not with the others at the run's end
-    assert sorted(key for key, _ in told) == sorted(started) and [n for _, n in told] == list(range(1, 7))
+    assert sorted(key for key, _ in told) == sorted(taken) and [n for _, n in told] == list(range(1, 7))
 
 
 def test_an_episode_an_earlier_judge_graded_is_judged_again_when_reused_and_stored_so(context):
@@ -263,9 +282,9 @@ def test_a_run_stopped_by_an_error_is_resumed_under_its_turn_cap_only(context):
     scripted.register("judge", [shop_judge])
 
     def stop(record):
-        raise KeyboardInterrupt
+        raise RuntimeError("stopped")
 
-    with pytest.raises(KeyboardInterrupt):  # stopped inside the episodes: the run's checkpoint holds its pending work
+    with pytest.raises(RuntimeError, match="stopped"):  # stopped inside the episodes: the run's checkpoint holds its pending work
         asyncio.run(api.evaluate("H0", [PAIR], context, run_id="stopped", on_episode=stop))
     with pytest.raises(ConfigError, match="run stopped evaluated max_turns=0"):  # its episodes under another cap are other episodes
         evaluate(replace(context, max_turns=3), run_id="stopped")
