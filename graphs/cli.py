@@ -1083,7 +1083,8 @@ def model_options(sub: argparse.ArgumentParser, *roles: tuple[str, str], default
 
 def episode_options(sub: argparse.ArgumentParser) -> None:
     """How an evaluation's episodes run: at once, and re-run after an infrastructure error."""
-    sub.add_argument("--concurrency", type=positive_int, default=1)
+    sub.add_argument("--concurrency", type=positive_int, default=1,
+                     help="episodes run at once; up to twice as many are in hand, their claims and records made beside the runs")
     sub.add_argument("--retries", type=non_negative_int, default=2, help="re-runs of an episode after an infrastructure error")
 
 
