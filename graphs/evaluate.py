@@ -3,8 +3,8 @@
 `planner` checks the bundle in the sandbox and the pairs, and orders the pairs
 by environment; `episodes` runs one `EpisodeTask` per pair × side × trial, in
 that order, at most the caller's `max_concurrency` attempts at once (with
-twice as many episodes in hand, so that the claims and records of the others
-go on beside them), each through
+`AHEAD` times as many episodes in hand, so that the claims and records of the
+others go on beside them), each through
 `episode_worker`, which reuses a finished episode from the rollout cache (the
 ledger) or runs, grades and stores it, re-running infrastructure errors, and
 runs nothing more once a model's endpoint is down
