@@ -129,6 +129,15 @@ def side_env(entry: Entry, side: str) -> EnvironmentSpec:
     return entry.env if side == "act" else apply_mutation(entry.env, entry.pair.mutation).env
 
 
+def entry_context(entry: Entry) -> str:
+    """What an episode's agent is told besides the request: the environment's description, the task's system prompt
+    and the policy."""
+    parts = [entry.env.description, entry.pair.task.system_prompt]
+    if entry.env.policy:
+        parts.append("Policy:\n" + entry.env.policy)
+    return "\n\n".join(p.strip() for p in parts if p and p.strip())
+
+
 def load_entry(pair_id: str, root: Path | str = CATALOG) -> Entry:
     """One pair, loading only its own environment (pair files are named after their id; an id is
     never a pattern, which would load whichever pair it matched first)."""

@@ -42,7 +42,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 from typing_extensions import NotRequired, TypedDict
 
-from envs.catalog import Entry, load_entry, side_env
+from envs.catalog import Entry, entry_context, load_entry, side_env
 from envs.mcp_server import DirectSession, connection, direct_session, memory_session
 from harness.abi import BaseHarness, EpisodeView, ToolRequest, call_hook
 from harness.bundle import Bundle, load_bundle
@@ -117,14 +117,6 @@ class EpisodeState(EpisodeInput, EpisodeOutput, total=False):
     usage: Annotated[list[UsageRecord], operator.add]
 
 
-
-def public_context(entry) -> str:
-    parts = [entry.env.description, entry.pair.task.system_prompt]
-    if entry.env.policy:
-        parts.append("Policy:\n" + entry.env.policy)
-    return "\n\n".join(p.strip() for p in parts if p and p.strip())
-
-
 async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "close", "__end__"]]:
     """Opens the episode's environment (unless `run_episode` did) and harness; writes `messages`, `turns`,
     `harness_hash`, and `episode_id` when it was not given."""
@@ -186,7 +178,7 @@ async def _open_own(request: EpisodeRequest, ctx: Context, episode_id: str) -> L
     async def hold() -> None:
         try:
             async with environment_session(entry, request.side, ctx.catalog, ctx.env_transport) as session:
-                opened.set_result(Live(entry.pair.task.instruction, public_context(entry), session, release=release))
+                opened.set_result(Live(entry.pair.task.instruction, entry_context(entry), session, release=release))
                 with suppress(TimeoutError):
                     await asyncio.wait_for(release.wait(), OWN_SESSION_TTL_S)
         except Exception as exc:  # the session did not open: the episode's setup raises it
@@ -410,7 +402,7 @@ async def run_episode(request: EpisodeRequest, context: Context, episode_id: str
     catalog = context.catalog
     entry = entry or await asyncio.to_thread(load_entry, request.pair_id, catalog)
     async with environment_session(entry, request.side, catalog, context.env_transport) as session:
-        live = Live(entry.pair.task.instruction, public_context(entry), session, bundle=bundle)
+        live = Live(entry.pair.task.instruction, entry_context(entry), session, bundle=bundle)
         return await _run(request, context, episode_id, live, thread)
 
 

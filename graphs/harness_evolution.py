@@ -38,10 +38,10 @@ from harness.bundle import bundle_diff, load_bundle
 from harness.check import check_bundle, placeholder
 from harness.leakage import leaks, private_terms
 from roles.models import scripted
-from roles.failure_analyst import analyse_failures, failure_records
+from roles.failure_analyst import analyse_failures, failure_records, replay_library
 from roles.harness_optimizer import describe_bundle, failure_text, optimize_harness, signature, spec_text, stage
 from state.context import Context, EpisodeRequest
-from state.evolution import Diagnosis, FailureGroup, FailureRecord, LineageEntry, ModificationSpec, Turn, group_key
+from state.evolution import Diagnosis, FailureGroup, FailureRecord, LineageEntry, ModificationSpec, Replay, Turn, group_key
 from state.ledger import Ledger
 from state.metrics import RunScores
 from state.paths import RunPaths
@@ -80,6 +80,7 @@ class HarnessEvolutionState(HarnessEvolutionInput, HarnessEvolutionOutput, total
     parent: str
     failures: list[FailureRecord]
     episodes: int
+    replay: Replay  # the library over the parent's training episodes (`replay_library`)
     index: int
     candidate: str
     notes: list[str]
@@ -105,20 +106,22 @@ async def _evaluate(bundle: str, pairs: list[str], ctx: Context, run_id: str, tr
     return RunScores(**run.metrics.model_dump(), run_id=run.run_id), run.done
 
 
-async def _scores(bundle: str, state: HarnessEvolutionState, ctx: Context, name: str) -> tuple[RunScores, RunScores, list[FailureRecord], int]:
-    """Training and validation scores, the gate's split with `gate_trials` trials: on a small model one trial of a
-    harness can score Abstain 1/6 and the next 6/6, which a sign test over one trial's tasks cannot tell from a gain."""
+async def _scores(bundle: str, state: HarnessEvolutionState, ctx: Context, name: str) -> tuple[RunScores, RunScores, dict]:
+    """Training and validation scores, the gate's split with `gate_trials` trials (on a small model one trial of a
+    harness can score Abstain 1/6 and the next 6/6, which a sign test over one trial's tasks cannot tell from a gain),
+    and what the failure analyst reads of the training episodes: `failures`, `episodes`, `replay`."""
     trials = {split: state.get("gate_trials", 1) if split == SPLIT[state["rule"]] else 1 for split in ("training", "validation")}
     train, train_records = await _evaluate(bundle, state["pool"], ctx, f"{state['run_id']}-{name}-train", trials["training"])
     validation, _ = await _evaluate(bundle, state["validation"], ctx, f"{state['run_id']}-{name}-validation", trials["validation"])
     entries = await asyncio.to_thread(_entries, state["pool"], ctx)
-    return train, validation, failure_records(train_records, entries), len(train_records)
+    return train, validation, {"failures": failure_records(train_records, entries), "episodes": len(train_records),
+                               "replay": await replay_library(train_records, entries)}
 
 
 async def baseline(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
-    """Scores the starting bundle; writes `lineage`, `parent`, `failures`, `episodes`, `index`."""
+    """Scores the starting bundle; writes `lineage`, `parent`, `failures`, `episodes`, `replay`, `index`."""
     bundle = load_bundle(state["base"])
-    train, validation, failures, episodes = await _scores(state["base"], state, runtime.context, "base")
+    train, validation, read = await _scores(state["base"], state, runtime.context, "base")
     rule = state["rule"]
     warning = gate_warning(len(state["validation"] if rule == "hera" else state["pool"]), state.get("gate_level", GATE_LEVEL),
                            "validation" if rule == "hera" else "training")
@@ -127,17 +130,17 @@ async def baseline(state: HarnessEvolutionState, runtime: Runtime[Context]) -> d
                          reason="the starting harness" + (f"; {warning}" if warning else ""))
     ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
     await asyncio.to_thread(ledger.record_lineage, entry)
-    return {"lineage": {entry.id: entry}, "parent": entry.id, "failures": failures, "episodes": episodes, "index": 0}
+    return {"lineage": {entry.id: entry}, "parent": entry.id, "index": 0, **read}
 
 
 async def failure_analyst(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
-    """Diagnoses the parent's training failures; writes `diagnosis`, `harness`, `review`, `usage`."""
+    """Diagnoses the parent's training failures; writes `diagnosis` (with `replay`), `harness`, `review`, `usage`."""
     parent = state["lineage"][state["parent"]]
     start = (time.time(), len(state.get("usage", [])))
     diagnosis, usage = await analyse_failures(state["failures"], state["episodes"], runtime.context.analyst_model, runtime.context.model_timeout_s)
     groups = starting_order(diagnosis.groups, state.get("tried", []), state["index"])
-    return {"diagnosis": diagnosis.model_copy(update={"groups": groups}), "harness": describe_bundle(load_bundle(parent.path)),
-            "review": state["mode"] == "fdcr", "usage": usage, "round_start": start,
+    return {"diagnosis": diagnosis.model_copy(update={"groups": groups, "replay": state.get("replay", Replay())}),
+            "harness": describe_bundle(load_bundle(parent.path)), "review": state["mode"] == "fdcr", "usage": usage, "round_start": start,
             "started": [group_key(groups[0])] if groups else []}
 
 
@@ -183,7 +186,7 @@ async def harness_optimizer(state: HarnessEvolutionState, runtime: Runtime[Conte
     for i, brief in enumerate(briefs, 1):
         harness = describe_bundle(load_bundle(staging))
         more_notes, more_usage, failed = await optimize_harness(staging, brief, harness, ctx.optimizer_model, state["channel"],
-                                                                ctx.model_timeout_s, groups, taken, private)
+                                                                ctx.model_timeout_s, groups, taken, private, state["diagnosis"].replay)
         notes += more_notes
         usage += more_usage
         if not failed:
@@ -276,13 +279,14 @@ def route_after_bundle_checks(state: HarnessEvolutionState) -> Literal["candidat
 
 
 async def candidate_evaluation(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
-    """Scores a checked candidate, which becomes the parent of the next; writes `lineage`, `parent`, `failures`, `episodes`."""
+    """Scores a checked candidate, which becomes the parent of the next; writes `lineage`, `parent`, `failures`, `episodes`,
+    `replay`."""
     entry_id = f"{state['run_id']}:{Path(state['candidate']).name}"
-    train, validation, failures, episodes = await _scores(state["candidate"], state, runtime.context, Path(state["candidate"]).name)
+    train, validation, read = await _scores(state["candidate"], state, runtime.context, Path(state["candidate"]).name)
     entry = state["lineage"][entry_id].model_copy(update={"train": train, "validation": validation})
     ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
     await asyncio.to_thread(ledger.record_lineage, entry)
-    return {"lineage": {entry_id: entry}, "parent": entry_id, "failures": failures, "episodes": episodes}
+    return {"lineage": {entry_id: entry}, "parent": entry_id, **read}
 
 
 def route_after_candidate_evaluation(state: HarnessEvolutionState) -> Literal["failure_analyst", "selector"]:

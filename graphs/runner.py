@@ -45,7 +45,7 @@ SETUP_RETRY_S = 0.05
 # The record types our checkpoints carry, allowed by name when read back.
 SERDE = JsonPlusSerializer(allowed_msgpack_modules=[
     ("state.records", name) for name in ("EpisodeRecord", "EpisodeKey", "Grade", "Observation", "UsageRecord", "Certification", "CheckResult")
-] + [("state.evolution", name) for name in ("FailureRecord", "FailureGroup", "Diagnosis", "ProposedChange", "Skill",
+] + [("state.evolution", name) for name in ("FailureRecord", "FailureGroup", "Diagnosis", "Replay", "ProposedChange", "Skill",
                                             "ModificationSpec", "ComponentChoice", "LineageEntry")
 ] + [("state.evolution", name) for name in ("ProposalTarget", "Review", "ProposalOutcome")
 ] + [("state.records", name) for name in ("Mutation", "StateOp", "ToolPatch", "Scope", "Evidence")

@@ -19,6 +19,7 @@ from langchain_core.messages import HumanMessage
 from pydantic import Field
 
 from harness.abi import BaseHarness, Decision, EpisodeView, Final, ToolRequest, action_schema, answer_schema, call_hook
+from state.evolution import Replay
 from state.records import Observation, Record, ToolInfo, scalars
 
 NEGATIVE_MARKERS = ("unavailable", "revoked", "expired", "suspended", "withdrawn", "unauthorized", "not authorized",
@@ -860,12 +861,50 @@ LIBRARY: dict[str, type[Component]] = {c.name: c for c in (
 ComponentName = Literal[tuple(LIBRARY)]  # type: ignore[valid-type]
 
 
-def catalog_text(groups: Iterable[str] = ()) -> str:
+class Undecided(Exception):
+    """A component asked the model or looked a record up while replaying a recorded episode (`stepped_in`): what it
+    would have done depends on an answer the record does not hold."""
+
+
+async def _undecided(*_):
+    raise Undecided
+
+
+async def stepped_in(component: Component, view: EpisodeView, observations: list[Observation], answer: str) -> bool | None:
+    """Whether `component` would have stepped into a recorded episode: blocked or held back one of the agent's calls,
+    shown a result otherwise or added a note to it, or changed or sent back the final answer; None when that turns on
+    a model's answer or a lookup (`view`'s `ask` and `lookup` raise `Undecided`). Each call is taken as a turn of its
+    own, and only the first time counts: what the agent would have done next is not in the record."""
+    view.ask = view.lookup = _undecided
+    calls = [(i, o) for i, o in enumerate(observations) if o.source == "agent"]
+    try:
+        await call_hook(component.initialize, view)
+        for turn, (i, o) in enumerate(calls):
+            view.observations, view.turn, view.calls = observations[:i], turn, turn + 1
+            call = ToolRequest(id=f"replay-{i}", name=o.tool, args=o.args)
+            decision = await call_hook(component.before_tool_call, view, call)
+            if decision is not None and decision.action != "allow":
+                return True
+            view.observations = observations[: i + 1]
+            if (await call_hook(component.present, view, call, o) is not None
+                    or await call_hook(component.after_tool_result, view, call, o)):
+                return True
+        view.observations = list(observations)
+        final = await component.finalize(view, answer)
+    except Undecided:
+        return None
+    return final is not None and final.action != "accept"
+
+
+def catalog_text(groups: Iterable[str] = (), replay: Replay | None = None) -> str:
     """The library as the roles that choose components read it: the components built for the failure `groups` of a
     diagnosis (`Component.built_for`) first, in its order, each marked with what it is built for (a 1.5B panel never
     picked ground_identifiers for agents that invented ids until the failures were named so and the component said
-    it was built for them)."""
+    it was built for them); with a `replay` of the training episodes, each marked with how many failed and passed ones
+    it would have stepped into, and of those built for the same group, the ones that step into more failures than
+    passed episodes first."""
     order = list(dict.fromkeys(groups))
+    counts = replay.stepped_in if replay else {}
 
     def built(cls: type[Component]) -> dict[str, int]:
         """What it is built for, in words, with the first group that shows it."""
@@ -877,9 +916,25 @@ def catalog_text(groups: Iterable[str] = ()) -> str:
                 found.setdefault(f"{category.replace('_', ' ')} twins", i)
         return found
 
+    def line(cls: type[Component], found: dict[str, int]) -> str:
+        marks = [f"built for: {', '.join(found)}"] if found else []
+        if replay and (replay.failed or replay.passed):
+            failed, passed = counts.get(cls.name, (0, 0))
+            undecided = replay.undecided.get(cls.name, 0)
+            if undecided == replay.failed + replay.passed:
+                marks.append("what it does on the training episodes turns on a model's answer or a lookup")
+            else:
+                marks.append(f"on the training episodes it would have stepped in on {failed} of {replay.failed} failed and {passed} "
+                             f"of {replay.passed} passed" + (f", {undecided} left to a model's answer or a lookup" if undecided else ""))
+        return f"- {cls.name} ({'; '.join(marks)}): {cls.summary}" if marks else f"- {cls.name}: {cls.summary}"
+
+    def rank(item: tuple[type[Component], dict[str, int]]) -> tuple[int, int]:
+        cls, found = item
+        failed, passed = counts.get(cls.name, (0, 0))
+        return min(found.values(), default=len(order)), passed - failed
+
     marks = {cls: built(cls) for cls in LIBRARY.values()}
-    return "\n".join(f"- {cls.name} (built for: {', '.join(found)}): {cls.summary}" if found else f"- {cls.name}: {cls.summary}"
-                     for cls, found in sorted(marks.items(), key=lambda item: min(item[1].values(), default=len(order))))
+    return "\n".join(line(cls, found) for cls, found in sorted(marks.items(), key=rank))
 
 
 class Stack(BaseHarness):

@@ -6,15 +6,18 @@ groups stay as auxiliary evidence."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from langchain_core.messages import HumanMessage
 
-from envs.catalog import Entry
-from harness.components import guessed_calls, without_examples
+from envs.catalog import Entry, entry_context, side_env
+from envs.spec import tool_infos
+from harness.abi import EpisodeView, HarnessConfig
+from harness.components import LIBRARY, guessed_calls, stepped_in, without_examples
 from prompts import render
 from roles.models import chat_model
-from state.evolution import FEASIBLE, Diagnosis, FailureGroup, FailureKind, FailureRecord, GroupCause
+from state.evolution import FEASIBLE, Diagnosis, FailureGroup, FailureKind, FailureRecord, GroupCause, Replay
 from state.records import EpisodeRecord, UsageRecord
 
 MAX_EXAMPLES = 3
@@ -81,6 +84,38 @@ def failure_records(records: list[EpisodeRecord], entries: dict[str, Entry]) -> 
             answer=_cut(r.answer), last_messages=last, guesses=guesses[:MAX_EXAMPLES],
         ))
     return out
+
+
+async def replay_library(records: list[EpisodeRecord], entries: dict[str, Entry]) -> Replay:
+    """Every component of the library, with its default parameters, over the finished episodes as they were recorded
+    (`stepped_in`): in how many failed and how many passed episodes it would have stepped in. What the roles that choose
+    components read beside each one: one that steps into none of the failures could not have changed them as they
+    went, one that steps into passed episodes may break them. std15's adopted candidate had the blocking evidence in
+    front of it in all 14 infeasible training and validation episodes it failed, and answered anyway: answer_from_results
+    would have stepped into 4 of them and stop_on_indistinct_matches into 2, neither into any of the 6 feasible ones it
+    passed, and its panel had picked neither."""
+    counts, undecided = {name: [0, 0] for name in LIBRARY}, dict.fromkeys(LIBRARY, 0)
+    failed = passed = 0
+    tools: dict[str, list] = {}
+    for r in records:
+        if r.status != "done" or r.grade is None:
+            continue
+        entry = entries[r.pair_id]
+        env = side_env(entry, r.key.side)
+        if env.hash not in tools:  # another environment's code is described in the sandbox: off the event loop
+            tools[env.hash] = list((await asyncio.to_thread(tool_infos, env)).values())
+        failure = failure_kind(r) is not None
+        failed, passed = failed + failure, passed + (not failure)
+        for name, cls in LIBRARY.items():
+            view = EpisodeView(instruction=entry.pair.task.instruction.strip(), context=entry_context(entry), tools=tools[env.hash],
+                               config=HarnessConfig(), prompts={}, skills={})
+            stepped = await stepped_in(cls(), view, list(r.observations), r.answer)
+            if stepped is None:
+                undecided[name] += 1
+            elif stepped:
+                counts[name][not failure] += 1
+    return Replay(failed=failed, passed=passed, stepped_in={n: (f, p) for n, (f, p) in counts.items() if f or p},
+                  undecided={n: u for n, u in undecided.items() if u})
 
 
 def group_failures(failures: list[FailureRecord]) -> list[tuple[FailureGroup, list[FailureRecord]]]:

@@ -31,7 +31,7 @@ from harness.components import LIBRARY, ComponentName, catalog_text
 from harness.leakage import quoted
 from prompts import render
 from roles.models import chat_model
-from state.evolution import ComponentChoice, FailureKind, FailureRecord, HarnessEdit, ModificationSpec, Skill
+from state.evolution import ComponentChoice, FailureKind, FailureRecord, HarnessEdit, ModificationSpec, Replay, Skill
 from state.records import CATEGORIES, ToolInfo, UsageRecord, content_hash
 
 EDITABLE = ("prompts", "skills", "subagents", "hooks.py", "components.yaml", "config.yaml", "memory.yaml")
@@ -318,7 +318,8 @@ def _current_components(staging: Path) -> dict[str, dict]:
 
 
 async def structured_edit(staging: Path, brief: str, harness: str, model: str, timeout_s: float, groups: list[str] = (),
-                          taken: tuple[str, ...] = (), private: frozenset[str] = frozenset()) -> tuple[list[str], list[UsageRecord], list[str]]:
+                          taken: tuple[str, ...] = (), private: frozenset[str] = frozenset(),
+                          replay: Replay | None = None) -> tuple[list[str], list[UsageRecord], list[str]]:
     """Channel (i): one schema-constrained edit, checked by code and applied to the staging copy; a rejected edit is
     asked for again with the reasons, up to EDIT_ASKS times, the last one kept without its failing skills and prompt
     addition when its components pass (`salvaged`). Notes, usage, and the problems of the last ask when none
@@ -326,7 +327,7 @@ async def structured_edit(staging: Path, brief: str, harness: str, model: str, t
     llm = chat_model(model, role="harness_optimizer", timeout_s=timeout_s)
     current = await asyncio.to_thread(_current_components, staging)
     schema = edit_schema(list(groups), len(current) + MAX_COMPONENT_CHANGES)
-    messages: list[BaseMessage] = [HumanMessage(render("harness_optimizer", harness=harness, brief=brief, components=catalog_text(groups),
+    messages: list[BaseMessage] = [HumanMessage(render("harness_optimizer", harness=harness, brief=brief, components=catalog_text(groups, replay),
                                                        max_changes=str(MAX_COMPONENT_CHANGES)))]
     usage, before = [], await asyncio.to_thread(signature, staging)
     for ask in range(1, EDIT_ASKS + 1):
@@ -431,11 +432,12 @@ async def code_edit(staging: Path, brief: str, harness: str, model: str, timeout
 
 async def optimize_harness(staging: Path, brief: str, harness: str, model: str, channel: Channel, timeout_s: float = 1800.0,
                            groups: list[str] = (), taken: tuple[str, ...] = (),
-                           private: frozenset[str] = frozenset()) -> tuple[list[str], list[UsageRecord], list[str]]:
+                           private: frozenset[str] = frozenset(), replay: Replay | None = None) -> tuple[list[str], list[UsageRecord], list[str]]:
     """Edits the staging bundle from `brief` (a modification spec or one failure); notes, usage and the edit's
     problems (none when it was applied). A structured edit that quotes a `private` value of the pool is asked for
-    again; a code edit is left to the leakage lint."""
+    again; a code edit is left to the leakage lint. `replay`: the library over the parent's training episodes, shown
+    with the components."""
     if channel == "structured":
-        return await structured_edit(staging, brief, harness, model, timeout_s, groups, taken, private)
+        return await structured_edit(staging, brief, harness, model, timeout_s, groups, taken, private, replay)
     notes, usage = await code_edit(staging, brief, harness, model, timeout_s)
     return notes, usage, []

@@ -24,7 +24,7 @@ async def _turn(role: str, harness: str, diagnosis: Diagnosis, transcript: list[
                 timeout_s: float) -> tuple[Turn, UsageRecord]:
     round_ = 1 + sum(t.role == "engineer" for t in transcript)
     prompt = render(role, harness=harness, diagnosis=diagnosis_text(diagnosis), transcript=transcript_text(transcript),
-                    round=str(round_), components=catalog_text(map(group_key, diagnosis.groups)))
+                    round=str(round_), components=catalog_text(map(group_key, diagnosis.groups), diagnosis.replay))
     done = await chat_model(model, role=role, timeout_s=timeout_s).complete([HumanMessage(prompt)], max_tokens=TURN_TOKENS)
     return Turn(role=role, round=round_, text=str(done.message.content).strip()), done.usage
 
@@ -48,5 +48,5 @@ async def moderator(harness: str, diagnosis: Diagnosis, transcript: list[Turn], 
                     timeout_s: float = 1800.0) -> tuple[ModificationSpec, UsageRecord]:
     """Writes the structured modification spec."""
     prompt = render("moderator", harness=harness, diagnosis=diagnosis_text(diagnosis), transcript=transcript_text(transcript),
-                    components=catalog_text(map(group_key, diagnosis.groups)))
+                    components=catalog_text(map(group_key, diagnosis.groups), diagnosis.replay))
     return await chat_model(model, role="moderator", timeout_s=timeout_s).structured([HumanMessage(prompt)], ModificationSpec)

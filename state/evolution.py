@@ -60,12 +60,24 @@ def group_key(group: FailureGroup) -> str:
     return f"{group.kind}/{group.category}"
 
 
+class Replay(Record):
+    """The component library run over the graded training episodes a diagnosis read, as recorded
+    (`roles.failure_analyst.replay_library`): how many failed and passed, and per component in how many of each it
+    would have stepped in (failed, passed) and how many of them it could not tell without a model (`undecided`)."""
+
+    failed: int = 0
+    passed: int = 0
+    stepped_in: dict[str, tuple[int, int]] = {}
+    undecided: dict[str, int] = {}
+
+
 class Diagnosis(Record):
     """Failure groups, recurring (two or more distinct tasks) first."""
 
     groups: tuple[FailureGroup, ...] = ()
     episodes: int = 0
     failures: int = 0
+    replay: Replay = Replay()
 
     @property
     def recurring(self) -> tuple[FailureGroup, ...]:

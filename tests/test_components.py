@@ -40,6 +40,7 @@ from harness.components import (
     StopOnNegativeEvidence,
     SuppressDuplicateCalls,
     _read,
+    stepped_in,
 )
 from state.records import Observation, ToolInfo
 
@@ -496,3 +497,30 @@ def test_report_the_change_asks_once_for_an_answer_with_what_the_change_returned
     assert asyncio.run(ReportTheChange({"append_result": False}).finalize(v, "Issued.")) is None
     assert asyncio.run(ReportTheChange().finalize(small_view(made), "Issued BP-7, receipt RC-0042.")) is None
     assert asyncio.run(ReportTheChange().finalize(small_view(), "Nothing to do.")) is None  # no change made
+
+
+def test_a_component_replayed_over_a_recorded_episode_says_whether_it_would_have_stepped_in():
+    """What the replay of the library (`roles.failure_analyst.replay_library`) counts, from the record alone."""
+    ana = {"applicant_name": "Ana Ruiz", "status": "pending"}
+    twins = seen("find_permits", {"name": "Ana Ruiz"}, [{"permit_id": "P-1", **ana}, {"permit_id": "P-2", **ana}])
+    read = seen("get_permit", {"permit_id": "P-1"}, {"permit_id": "P-1", **ana})
+
+    def replay(component, *observations, answer="Permit P-1 is pending.") -> bool | None:
+        return asyncio.run(stepped_in(component, small_view(), list(observations), answer))
+
+    assert replay(StopOnIndistinctMatches(), twins, read) is True  # an answer about one of two namesakes
+    assert replay(StopOnIndistinctMatches(), read) is False
+    assert replay(StopOnIndistinctMatches(), twins, read, answer="Two permits match: P-1 and P-2.") is False
+    # a change blocked on the way: the first call it would not have let through counts
+    issued = seen("issue_permit", {"permit_id": "P-1"}, {"ok": True}, read_only=False)
+    assert replay(StopOnIndistinctMatches(), twins, issued, answer="Issued.") is True
+    assert replay(LookBeforeAct(), issued, answer="Issued.") is True
+    assert replay(LookBeforeAct(), read, issued, answer="Issued.") is False
+    assert replay(FlagMultipleMatches(), twins) is True  # a note added to a result
+    assert replay(CompactObservations(), seen("find_permits", {"name": "Ana"}, [{"permit_id": f"P-{i}", **ana} for i in range(40)])) is True
+    # one that asks the model or looks a record up cannot be told from the record
+    assert replay(ConfirmFinalDecision(), read) is None
+    assert replay(ResolveNamedEntities(), read) is None
+    # the harness's own lookups are no calls of the agent's
+    assert replay(SuppressDuplicateCalls(), seen("get_permit", {"permit_id": "P-1"}, {}, source="harness"), read) is True
+    assert replay(CallBeforeAnswering(), seen("find_permits", {"name": "Ana Ruiz"}, [], source="harness")) is True

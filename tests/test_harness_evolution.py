@@ -38,8 +38,9 @@ from roles.harness_optimizer import (
 )
 from roles.models import InfrastructureError
 from state.context import Context
-from state.evolution import FEASIBLE, ComponentChoice, Diagnosis, FailureGroup, FailureRecord, HarnessEdit, ModificationSpec, Skill
+from state.evolution import FEASIBLE, ComponentChoice, Diagnosis, FailureGroup, FailureRecord, HarnessEdit, ModificationSpec, Replay, Skill
 from state.ledger import Ledger
+from state.records import EpisodeKey, EpisodeRecord, Grade, Observation
 from tests.conftest import FIXTURES
 from tests.scripts import eager_agent, shop_judge, tied
 
@@ -251,6 +252,12 @@ def test_one_block_end_to_end(context):
     assert [e.id for e in Ledger(context.ledger).lineage(run_id)] == [base.id, c1.id]
     assert load_bundle(c1.path).manifest.parent_id == "H0"
     assert final["started"] == ["forbidden_action/missing_evidence"]  # where c1 started, for the next block to know
+    # the engineer, the moderator and the edit read the library replayed over H0's training episodes: the act one
+    # passed, the abstain one failed (the agent reserved all the same); check_before_commit would have stepped into both
+    library = [c.messages[0].content for c in scripted.calls("analyst") + scripted.calls("optimizer") if "- look_before_act" in c.messages[0].content]
+    replayed = ("- check_before_commit (built for: forbidden action; on the training episodes it would have stepped in on 1 of 1 failed "
+                "and 1 of 1 passed)")
+    assert len(library) == 3 and all(replayed in text for text in library)
 
 
 @pytest.mark.parametrize("rule, gate_split", [("hera", "validation"), ("ecdysis", "train")])
@@ -682,6 +689,54 @@ def test_the_catalog_puts_the_components_built_for_the_diagnosed_failures_first(
     assert set(built) == {n for n, c in LIBRARY.items() if "guessed_identifier" in c.addresses} >= {"ground_identifiers", "resolve_named_entities"}
     assert [line.split(" ")[1] for line in lines[:len(built)]] == built
     assert "built for" not in catalog_text()
+
+
+def test_the_catalog_says_what_each_component_would_have_done_on_the_training_episodes():
+    """Replayed over std15's adopted candidate's episodes, answer_from_results would have stepped into failures only and
+    flag_multiple_matches into more passed episodes than failed ones: of the components built for one group, the one
+    that steps into more failures than passed episodes comes first."""
+    from harness.components import catalog_text
+
+    replay = Replay(failed=24, passed=10, stepped_in={"answer_from_results": (6, 0), "flag_multiple_matches": (5, 6),
+                                                      "stop_on_indistinct_matches": (2, 1)},
+                    undecided={"confirm_final_decision": 34, "follow_through": 21})
+    lines = catalog_text(["did_not_abstain/ambiguous_entity"], replay).splitlines()
+    names = [line.split(" ")[1] for line in lines]
+    assert names.index("answer_from_results") < names.index("stop_on_indistinct_matches") < names.index("flag_multiple_matches")
+    assert max(names.index(n) for n, c in LIBRARY.items() if c.built_for("did_not_abstain/ambiguous_entity")) < min(
+        names.index(n) for n, c in LIBRARY.items() if not c.built_for("did_not_abstain/ambiguous_entity"))
+    line = dict(zip(names, lines))
+    assert line["flag_multiple_matches"].startswith("- flag_multiple_matches (built for: did not abstain, ambiguous entity twins; on "
+                                                    "the training episodes it would have stepped in on 5 of 24 failed and 6 of 10 passed): ")
+    assert "(built for: did not abstain; what it does on the training episodes turns on a model's answer or a lookup)" in line["confirm_final_decision"]
+    assert "stepped in on 0 of 24 failed and 0 of 10 passed, 21 left to a model's answer or a lookup)" in line["follow_through"]
+    assert catalog_text(["did_not_abstain/ambiguous_entity"], Replay()) == catalog_text(["did_not_abstain/ambiguous_entity"])
+
+
+def test_the_library_replayed_over_graded_episodes_counts_failed_and_passed_ones_apart():
+    from roles.failure_analyst import replay_library
+
+    entries = load_catalog(FIXTURES)
+    pair = "shop-reserve-drill"
+    task = entries[pair].pair.task.id
+
+    def record(side: str, success: bool, observations: list[Observation], answer: str, status: str = "done") -> EpisodeRecord:
+        key = EpisodeKey(harness_hash="h", env_hash="e", task_id=task, side=side, model="m", seed=0, trial=0)
+        grade = Grade(side=side, success=success, abstained=False, committed=not success, grounded=True)
+        return EpisodeRecord(key=key, pair_id=pair, bundle="b", status=status, termination="final_answer", grade=grade,
+                             observations=tuple(observations), answer=answer)
+
+    read = Observation(tool="get_item", args={"sku": "DR-220"}, ok=True, output={"sku": "DR-220", "price": 89.0})
+    reserved = Observation(tool="reserve", args={"sku": "DR-220", "qty": 2}, ok=True, output={"reservation_id": "R-1"}, read_only=False)
+    records = [record("act", True, [read, reserved], "Reserved: R-1."),
+               record("abstain", False, [reserved], "Reserved two drills at 45.50 each."),
+               record("abstain", False, [], "", status="infrastructure_error")]  # not graded: not counted
+    replay = asyncio.run(replay_library(records, entries))
+    assert (replay.failed, replay.passed) == (1, 1)
+    assert replay.stepped_in["look_before_act"] == (1, 0)  # the failed episode wrote before reading anything
+    assert replay.stepped_in["check_before_commit"] == (1, 1)
+    assert replay.stepped_in["answer_from_results"] == (1, 0)  # 45.50 is in no result
+    assert "one_write_per_turn" not in replay.stepped_in and not replay.undecided
 
 
 def test_a_component_is_built_for_the_twins_of_its_category_whatever_the_failure_kind():
