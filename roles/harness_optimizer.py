@@ -159,12 +159,13 @@ def skill_problems(skill: Skill, private: frozenset[str] = frozenset()) -> list[
 
 
 def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], brief: str = "",
-             private: frozenset[str] = frozenset()) -> tuple[HarnessEdit, list[str]] | None:
+             private: frozenset[str] = frozenset(), replay: Replay | None = None) -> tuple[HarnessEdit, list[str]] | None:
     """The edit without its skills and prompt addition that fail their checks (a note for each); when it changes
     more components than allowed, with the current components it left out put back; and when that is all that is
     wrong with its components but none of them is built for the failure kind it starts from, with the harness's
     components as they are and the one built for it that `brief` (the diagnosis) names first, else the library's
-    first, in place of its changes. When the rest passes; None when the components still fail. A small model asked
+    first as the edit read it (`catalog_text`: the most failed and fewest passed training episodes it would have
+    stepped into, by the `replay`), in place of its changes. When the rest passes; None when the components still fail. A small model asked
     again often sends the same reply back (seen on the local model: three asks, the last two identical, the candidate
     lost to one skill's vague trigger; a list of the current components and two more that left one current
     component out, three changes; and three times the same two write-order components for guessed identifiers,
@@ -185,7 +186,8 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
     kept = edit.model_copy(update={"skills": skills, "system_prompt_addition": addition, "components": components})
     if (built := unaddressed(kept, current, groups)) and len(edit_problems(kept, current, groups, private=private)) == 1:
         named = [n for n in built if n in brief]
-        pick = min(named, key=brief.index) if named else built[0]
+        counts = replay.stepped_in if replay else {}
+        pick = min(named, key=brief.index) if named else min(built, key=lambda n: counts.get(n, (0, 0))[1] - counts.get(n, (0, 0))[0])
         start = groups[0].split("/")[0].replace("_", " ")
         notes.append(f"enabled {pick}, built for {start}, in place of {', '.join(_changed(kept, current))}: the edit added no "
                      f"component built for the failure group it starts from")
@@ -334,7 +336,7 @@ async def structured_edit(staging: Path, brief: str, harness: str, model: str, t
         edit, used = await llm.structured(messages, schema)
         usage.append(used)
         problems, dropped = edit_problems(edit, current, list(groups), private=private), []
-        if problems and ask == EDIT_ASKS and (kept := salvaged(edit, current, list(groups), brief, private)):
+        if problems and ask == EDIT_ASKS and (kept := salvaged(edit, current, list(groups), brief, private, replay)):
             (edit, dropped), problems = kept, []
         if not problems:
             backup = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="hera-edit-"))

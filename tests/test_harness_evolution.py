@@ -19,7 +19,7 @@ from harness.check import check_bundle
 from harness.leakage import leaks
 from roles.models import scripted
 from roles.failure_analyst import MAX_CALLS, describe, analyse_failures, group_failures
-from harness.components import LIBRARY
+from harness.components import LIBRARY, catalog_text
 from roles.harness_optimizer import (
     MAX_COMPONENT_CHANGES,
     EditError,
@@ -582,6 +582,11 @@ def test_the_last_ask_with_nothing_built_for_the_failure_gets_the_component_the_
     built = [c.name for c in LIBRARY.values() if "guessed_identifier" in c.addresses]
     kept, _ = salvaged(HarnessEdit.model_validate(wrong), {}, [guessed], "Invented ids.")
     assert [c.name for c in kept.components] == built[:1]
+    # and with the library replayed over the training episodes, its first as the edit read it
+    replay = Replay(failed=4, passed=2, stepped_in={built[0]: (1, 2), built[-1]: (3, 0)})
+    kept, _ = salvaged(HarnessEdit.model_validate(wrong), {}, [guessed], "Invented ids.", replay=replay)
+    assert [c.name for c in kept.components] == [built[-1]] and built[-1] != built[0]
+    assert catalog_text([guessed], replay).splitlines()[0].startswith(f"- {built[-1]} ")
     # more wrong with the components than that: still rejected
     untied = HarnessEdit.model_validate({**wrong, "components": [{"name": "read_before_write", "addresses": "nothing/none"}]})
     assert salvaged(untied, {}, [guessed], brief) is None
@@ -681,8 +686,6 @@ def test_failures_on_feasible_tasks_group_by_kind_whatever_their_twins_mutation(
 
 
 def test_the_catalog_puts_the_components_built_for_the_diagnosed_failures_first():
-    from harness.components import catalog_text
-
     lines = catalog_text(["guessed_identifier"]).splitlines()
     assert len(lines) == len(LIBRARY)
     built = [line.split(" ")[1] for line in lines if "(built for: guessed identifier)" in line]
@@ -695,8 +698,6 @@ def test_the_catalog_says_what_each_component_would_have_done_on_the_training_ep
     """Replayed over std15's adopted candidate's episodes, answer_from_results would have stepped into failures only and
     flag_multiple_matches into more passed episodes than failed ones: of the components built for one group, the one
     that steps into more failures than passed episodes comes first."""
-    from harness.components import catalog_text
-
     replay = Replay(failed=24, passed=10, stepped_in={"answer_from_results": (6, 0), "flag_multiple_matches": (5, 6),
                                                       "stop_on_indistinct_matches": (2, 1)},
                     undecided={"confirm_final_decision": 34, "follow_through": 21})
@@ -742,8 +743,6 @@ def test_the_library_replayed_over_graded_episodes_counts_failed_and_passed_ones
 def test_a_component_is_built_for_the_twins_of_its_category_whatever_the_failure_kind():
     """std12's H0 refused the ambiguous twin of its training pool without evidence (ungrounded abstain), a kind
     stop_on_indistinct_matches does not address; the component is built for that twin's category all the same."""
-    from harness.components import catalog_text
-
     group = "ungrounded_abstain/ambiguous_entity"
     lines = catalog_text([group]).splitlines()
     built = {line.split(" ")[1] for line in lines if "(built for:" in line}
