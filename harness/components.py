@@ -904,7 +904,6 @@ def catalog_text(groups: Iterable[str] = (), replay: Replay | None = None) -> st
     it would have stepped into, and of those built for the same group, the ones that step into more failures than
     passed episodes first."""
     order = list(dict.fromkeys(groups))
-    counts = replay.stepped_in if replay else {}
 
     def built(cls: type[Component]) -> dict[str, int]:
         """What it is built for, in words, with the first group that shows it."""
@@ -919,7 +918,7 @@ def catalog_text(groups: Iterable[str] = (), replay: Replay | None = None) -> st
     def line(cls: type[Component], found: dict[str, int]) -> str:
         marks = [f"built for: {', '.join(found)}"] if found else []
         if replay and (replay.failed or replay.passed):
-            failed, passed = counts.get(cls.name, (0, 0))
+            failed, passed = replay.stepped_in.get(cls.name, (0, 0))
             undecided = replay.undecided.get(cls.name, 0)
             if undecided == replay.failed + replay.passed:
                 marks.append("what it does on the training episodes turns on a model's answer or a lookup")
@@ -930,8 +929,7 @@ def catalog_text(groups: Iterable[str] = (), replay: Replay | None = None) -> st
 
     def rank(item: tuple[type[Component], dict[str, int]]) -> tuple[int, int]:
         cls, found = item
-        failed, passed = counts.get(cls.name, (0, 0))
-        return min(found.values(), default=len(order)), passed - failed
+        return min(found.values(), default=len(order)), replay.net(cls.name) if replay else 0
 
     marks = {cls: built(cls) for cls in LIBRARY.values()}
     return "\n".join(line(cls, found) for cls, found in sorted(marks.items(), key=rank))

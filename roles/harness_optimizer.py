@@ -164,12 +164,11 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
     more components than allowed, with the current components it left out put back; and when that is all that is
     wrong with its components but none of them is built for the failure kind it starts from, with the harness's
     components as they are and the one built for it that `brief` (the diagnosis) names first, else the library's
-    first as the edit read it (`catalog_text`: the most failed and fewest passed training episodes it would have
-    stepped into, by the `replay`), in place of its changes. When the rest passes; None when the components still fail. A small model asked
-    again often sends the same reply back (seen on the local model: three asks, the last two identical, the candidate
-    lost to one skill's vague trigger; a list of the current components and two more that left one current
-    component out, three changes; and three times the same two write-order components for guessed identifiers,
-    whose diagnosis had named `refuse_failed_repeat`)."""
+    first as the edit read it (`catalog_text`, with the `replay`), in place of its changes. When the rest passes;
+    None when the components still fail. A small model asked again often sends the same reply back (seen on the
+    local model: three asks, the last two identical, the candidate lost to one skill's vague trigger; a list of the
+    current components and two more that left one current component out, three changes; and three times the same
+    two write-order components for guessed identifiers, whose diagnosis had named `refuse_failed_repeat`)."""
     skills = [k for k in edit.skills if not skill_problems(k, private)]
     notes = [f"dropped: {p}" for k in edit.skills for p in skill_problems(k, private)]
     addition = edit.system_prompt_addition
@@ -186,8 +185,7 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
     kept = edit.model_copy(update={"skills": skills, "system_prompt_addition": addition, "components": components})
     if (built := unaddressed(kept, current, groups)) and len(edit_problems(kept, current, groups, private=private)) == 1:
         named = [n for n in built if n in brief]
-        counts = replay.stepped_in if replay else {}
-        pick = min(named, key=brief.index) if named else min(built, key=lambda n: counts.get(n, (0, 0))[1] - counts.get(n, (0, 0))[0])
+        pick = min(named, key=brief.index) if named else min(built, key=replay.net) if replay else built[0]
         start = groups[0].split("/")[0].replace("_", " ")
         notes.append(f"enabled {pick}, built for {start}, in place of {', '.join(_changed(kept, current))}: the edit added no "
                      f"component built for the failure group it starts from")

@@ -70,6 +70,11 @@ class Replay(Record):
     stepped_in: dict[str, tuple[int, int]] = {}
     undecided: dict[str, int] = {}
 
+    def net(self, component: str) -> int:
+        """Passed minus failed episodes `component` would have stepped into: the lower, the likelier it helps."""
+        failed, passed = self.stepped_in.get(component, (0, 0))
+        return passed - failed
+
 
 class Diagnosis(Record):
     """Failure groups, recurring (two or more distinct tasks) first."""
