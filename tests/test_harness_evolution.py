@@ -714,6 +714,16 @@ def test_the_catalog_says_what_each_component_would_have_done_on_the_training_ep
     assert catalog_text(["did_not_abstain/ambiguous_entity"], Replay()) == catalog_text(["did_not_abstain/ambiguous_entity"])
 
 
+def test_a_diagnosis_with_its_replay_comes_back_from_a_checkpoint_whole():
+    """A resumed block reads the diagnosis from its checkpoint: a type the serializer does not allow comes back empty."""
+    from graphs.runner import SERDE
+
+    diagnosis = Diagnosis(groups=(FailureGroup(kind="did_not_abstain", category="missing_evidence", pair_ids=("p",), recurring=False),),
+                          replay=Replay(failed=3, passed=1, stepped_in={"answer_from_results": (2, 0)}, undecided={"follow_through": 1}))
+    assert SERDE.loads_typed(SERDE.dumps_typed(diagnosis)) == diagnosis
+    assert SERDE.loads_typed(SERDE.dumps_typed({"replay": diagnosis.replay}))["replay"] == diagnosis.replay
+
+
 def test_the_library_replayed_over_graded_episodes_counts_failed_and_passed_ones_apart():
     from roles.failure_analyst import replay_library
 
