@@ -106,10 +106,10 @@ async def replay_library(records: list[EpisodeRecord], entries: dict[str, Entry]
             tools[env.hash] = list((await asyncio.to_thread(tool_infos, env)).values())
         failure = failure_kind(r) is not None
         failed, passed = failed + failure, passed + (not failure)
-        for name, cls in LIBRARY.items():
-            view = EpisodeView(instruction=entry.pair.task.instruction.strip(), context=entry_context(entry), tools=tools[env.hash],
-                               config=HarnessConfig(), prompts={}, skills={})
-            stepped = await stepped_in(cls(), view, list(r.observations), r.answer)
+        instruction, context, observations = entry.pair.task.instruction.strip(), entry_context(entry), list(r.observations)
+        for name, cls in LIBRARY.items():  # a view of its own each: a component keeps its memory in it
+            view = EpisodeView(instruction=instruction, context=context, tools=tools[env.hash], config=HarnessConfig(), prompts={}, skills={})
+            stepped = await stepped_in(cls(), view, observations, r.answer)
             if stepped is None:
                 undecided[name] += 1
             elif stepped:
