@@ -1,4 +1,5 @@
-"""How many of the record ids a task needs `resolve_named_entities` puts in front of the agent, without a model.
+"""How many of the record ids a task needs `resolve_named_entities` puts in front of the agent, and how much text it
+adds to the request to do so, without a model.
 
 For every pair of a catalog (feasible side): the ids among the reference solution's call arguments that the
 request does not give (a permit number for "Danielle Kim's remodel") are what a small model otherwise guesses.
@@ -60,14 +61,16 @@ def measure(catalog: Path) -> dict:
             continue
         added, lookups = asyncio.run(surfaced(entry))
         hits = [v for v in needed if _mentioned(v, added.casefold())]
-        rows.append({"pair": entry.pair.id, "needed": needed, "surfaced": hits, "lookups": lookups,
+        rows.append({"pair": entry.pair.id, "needed": needed, "surfaced": hits, "lookups": lookups, "chars": len(added),
                      "terms": request_terms(entry.pair.task.instruction)})
     needed = sum(len(r["needed"]) for r in rows)
     hit = sum(len(r["surfaced"]) for r in rows)
     return {"pairs": len(rows), "ids_needed": needed, "ids_surfaced": hit,
             "pairs_fully_covered": sum(len(r["surfaced"]) == len(r["needed"]) for r in rows),
             "pairs_with_none": sum(not r["surfaced"] for r in rows),
-            "lookups_per_pair": round(sum(r["lookups"] for r in rows) / max(1, len(rows)), 2), "per_pair": rows}
+            "lookups_per_pair": round(sum(r["lookups"] for r in rows) / max(1, len(rows)), 2),
+            "chars_per_pair": round(sum(r["chars"] for r in rows) / max(1, len(rows))), "chars_max": max((r["chars"] for r in rows), default=0),
+            "per_pair": rows}
 
 
 def main() -> None:
@@ -80,10 +83,12 @@ def main() -> None:
         print(json.dumps(out, indent=1))
         return
     table = Table(title=f"resolve_named_entities on {args.catalog}")
-    for name in ("pairs needing an id", "ids needed", "ids surfaced", "pairs fully covered", "pairs with none", "lookups per pair"):
+    for name in ("pairs needing an id", "ids needed", "ids surfaced", "pairs fully covered", "pairs with none", "lookups per pair",
+                 "characters added per pair (max)"):
         table.add_column(name, justify="right")
     table.add_row(str(out["pairs"]), str(out["ids_needed"]), f"{out['ids_surfaced']} ({100 * out['ids_surfaced'] / max(1, out['ids_needed']):.0f}%)",
-                  str(out["pairs_fully_covered"]), str(out["pairs_with_none"]), str(out["lookups_per_pair"]))
+                  str(out["pairs_fully_covered"]), str(out["pairs_with_none"]), str(out["lookups_per_pair"]),
+                  f"{out['chars_per_pair']:,} ({out['chars_max']:,})")
     Console().print(table)
 
 

@@ -476,6 +476,20 @@ def _keys(output: Any) -> list[tuple[str, str]]:
     return found + [k for v in output.values() if isinstance(v, list) for k in _keys(v)]
 
 
+def _held_keys(output: Any) -> list[tuple[tuple[str, str], dict]]:
+    """`_keys(output)`, each with the record (or nested record) whose field it is."""
+    if isinstance(output, list):
+        return [k for item in output for k in _held_keys(item)]
+    if not isinstance(output, dict):
+        return []
+    return [(k, output) for k in _keys(_own(output))] + [k for v in output.values() if isinstance(v, list) for k in _held_keys(v)]
+
+
+def _own(record: dict) -> dict:
+    """A record without its nested lists of records."""
+    return {f: v for f, v in record.items() if not isinstance(v, list)}
+
+
 def detail_tools(view: EpisodeView, field: str, named_only: bool = True) -> list[ToolInfo]:
     """Read-only tools that need nothing but `field`: the ones named after what it identifies (get_student_record for
     student_id) first, then, unless `named_only`, the others (get_leave for employee_id)."""
@@ -486,6 +500,19 @@ def detail_tools(view: EpisodeView, field: str, named_only: bool = True) -> list
     return named if named_only else named + [t for t in takers if t not in named]
 
 
+NAME_FIELD = re.compile(r"(?:^|_)name$", re.IGNORECASE)
+WORD = re.compile(r"[^\W_][\w\-]*")
+
+
+def _words(text: str) -> set[str]:
+    return {w.casefold() for w in WORD.findall(text)} - COMMON
+
+
+def held(asked: set[str], record: Any) -> int:
+    """How many of the words `asked` (`_words` of a request) a record holds."""
+    return len(asked & _words(" ".join(scalars(record))))
+
+
 LOOKED_UP = "\n\n(Looked up before you started"  # how resolve_named_entities adds its findings to the request
 
 
@@ -493,54 +520,71 @@ class ResolveNamedEntities(Component):
     name = "resolve_named_entities"
     addresses = ('guessed_identifier', 'over_abstained', 'ungrounded_abstain')
     summary = ("before the first turn, looks up what the request names (people, records, codes) with the search tools, "
-               "reads the records found, and puts them in front of the agent with the request")
+               "reads the records that hold most of the request's words, and puts them in front of the agent with the request")
 
     class Params(Record):
         max_lookups: int = Field(10, ge=1, le=30)
-        max_details: int = Field(4, ge=0, le=12)
+        max_details: int = Field(3, ge=0, le=12)
         rows: int = Field(5, ge=1)
+        share: float = Field(0.5, ge=0, le=1, description="a record found is shown when it holds at least this share of "
+                                                          "the request's words that the best record found holds")
 
     async def initialize(self, view):
         if view.lookup is None:
             return
-        found, made, keys = [], [], []
+        asked, made, searches = _words(view.instruction), [], []
         for term in request_terms(view.instruction):
             for tool, arg in search_tools(view):
                 if len(made) >= self.params.max_lookups:
                     break
-                o = await view.lookup(tool.name, {arg: term})
-                made.append(o)
+                made.append(o := await view.lookup(tool.name, {arg: term}))
                 if o.ok and _nonempty(o.output):
-                    found.append(o)
-                    keys += [k for k in _keys(o.output) if k not in keys]
+                    searches.append(o)
+        # A search by one word of a name finds every record holding it (a street's other addresses): show the records
+        # that hold most of the request's words, each once, and read those first.
+        ranked = sorted(((held(asked, r), n, r, o) for n, o in enumerate(searches) for r in _rows(o.output)),
+                        key=lambda x: (-x[0], x[1]))
+        floor = ranked[0][0] * self.params.share if ranked else 0
+        kept: dict[int, list] = {}  # a search's records shown, by id of its observation
+        best: list = []  # every record shown, most of the request's words first
+        for score, _, record, o in ranked:
+            if score >= floor and record not in best:
+                kept.setdefault(id(o), []).append(record)
+                best.append(record)
+        found = [o for o in searches if id(o) in kept or not _rows(o.output)]  # a list of names, say, is shown whole
+        # each key is read in the order of the (nested) record it names: a patient's prescription the request names first
+        keyed = [(held(asked, holder), n, key) for n, (key, holder) in enumerate(k for r in best for k in _held_keys(r))]
+        keys = list(dict.fromkeys(key for _, _, key in sorted(keyed, key=lambda x: (-x[0], x[1]))))
         details = 0
         for field, value in keys:
             for reader in detail_tools(view, field, named_only=False):
                 if details >= self.params.max_details:
                     break
                 details += 1
-                o = await view.lookup(reader.name, {field: value})
-                made.append(o)
+                made.append(o := await view.lookup(reader.name, {field: value}))
                 if not o.ok or _nonempty(o.output):  # a record's reader failing is news too (a tool down, access refused)
                     found.append(o)
-        # what the agent is not shown (searches that found nothing) is no result it read: nothing to quote
+        # what the agent is not shown (searches that found nothing or nothing kept) is no result it read: nothing to quote
         unshown = {id(o) for o in made} - {id(o) for o in found}
         view.memory["unshown"] = [i for i, o in enumerate(view.observations) if id(o) in unshown]
         if found:
-            lines = [f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}) -> "
-                     f"{json.dumps(_compact(o.visible, self.params.rows)[0], ensure_ascii=False, default=str)}"
-                     + (f" ({len(o.output)} records match: make sure which one the request means)"
-                        if isinstance(o.output, list) and len(o.output) > 1 else "") for o in found]
             view.instruction += (f"{LOOKED_UP}, for what the request names; use the exact ids, and look up anything else "
-                                 "you need:)\n" + "\n".join(lines))
+                                 "you need:)\n" + "\n".join(self._line(o, kept.get(id(o))) for o in found))
+
+    def _line(self, o: Observation, rows: list | None) -> str:
+        shown = o.visible if rows is None else rows if isinstance(o.output, list) else rows[0]
+        line = (f"- {o.tool}({json.dumps(o.args, ensure_ascii=False)}) -> "
+                f"{json.dumps(_compact(shown, self.params.rows)[0], ensure_ascii=False, default=str)}")
+        if rows is not None and len(rows) > 1:
+            line += f" ({len(rows)} records match: make sure which one the request means)"
+        if rows is not None and isinstance(o.output, list) and len(o.output) > len(rows):
+            line += f" ({len(o.output) - len(rows)} more found hold fewer of the request's words)"
+        return line
 
 
-NAME_FIELD = re.compile(r"(?:^|_)name$", re.IGNORECASE)
-WORD = re.compile(r"[^\W_][\w\-]*")
-
-
-def _words(text: str) -> set[str]:
-    return {w.casefold() for w in WORD.findall(text)} - COMMON
+def _rows(output: Any) -> list:
+    """A search result's records: its items, or the one record it is."""
+    return [r for r in output if isinstance(r, dict)] if isinstance(output, list) else [output] if isinstance(output, dict) else []
 
 
 def indistinct(request: str, observation: Observation) -> list[str]:
@@ -556,9 +600,9 @@ def indistinct(request: str, observation: Observation) -> list[str]:
              if isinstance(r, dict) and any(NAME_FIELD.search(f) and folded(v) in searched for f, v in r.items())}
     named.pop("", None)  # a record without an id cannot be named back
     asked = _words(request)
-    held = {i: len(asked & _words(" ".join(scalars(r)))) for i, r in named.items()}
-    most = max(held.values(), default=0)
-    tied = [i for i, n in held.items() if n == most]
+    holds = {i: held(asked, r) for i, r in named.items()}
+    most = max(holds.values(), default=0)
+    tied = [i for i, n in holds.items() if n == most]
     return tied if len(tied) >= 2 else []
 
 

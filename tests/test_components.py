@@ -33,6 +33,7 @@ from harness.components import (
     ConfirmFinalDecision,
     FinalCheck,
     FlagMultipleMatches,
+    LOOKED_UP,
     indistinct,
     LookBeforeAct,
     Stack,
@@ -282,6 +283,34 @@ def test_resolve_named_entities_looks_up_names_and_reads_the_records_found():
     assert [o.args for o in _read(v)] == [{"name": "Ana Ruiz"}, {"permit_id": "BP-7"}]  # nor counted as read
     assert request_terms("Dr. Castellanos asked us to raise the cap on her Renaissance art section; email 'Lab A' at 9:30.") == [
         "Lab A", "Castellanos", "Renaissance"]
+
+
+def test_resolve_named_entities_shows_the_records_holding_most_of_the_request_and_reads_those_first():
+    tool = lambda name, field: ToolInfo(name=name, description="", read_only=True, input_schema={  # noqa: E731
+        "type": "object", "properties": {field: {"type": "string"}}, "required": [field]})
+    patient = {"patient_id": "PT-1", "name": "Tou Nguyen", "city": "Clovis",
+               "prescriptions": [{"rx_id": "RX-1", "drug": "atorvastatin"}, {"rx_id": "RX-2", "drug": "hydrochlorothiazide"}]}
+    namesake = {"patient_id": "PT-4", "name": "Tou Nguyen-Vang", "city": "Fresno"}
+    neighbour = {"patient_id": "PT-9", "name": "Ann Lee", "city": "Clovis"}
+    results = {("find_patients", "Tou Nguyen"): [patient, namesake], ("find_patients", "Clovis"): [patient, neighbour]}
+
+    async def lookup(name, args):
+        output = results.get((name, args.get("name")), {next(iter(args)): next(iter(args.values())), "read": True})
+        v.observations.append(seen(name, args, output if name.startswith("get") else output or [], source="harness"))
+        return v.observations[-1]
+
+    v = EpisodeView(instruction="Tou Nguyen is at our Clovis store to refill his hydrochlorothiazide.", context="",
+                    tools=[tool("find_patients", "name"), tool("get_patient", "patient_id"), tool("get_prescription", "rx_id")],
+                    config=HarnessConfig(), prompts={}, skills={}, lookup=lookup)
+    asyncio.run(ResolveNamedEntities({"max_details": 2}).initialize(v))
+    # the patient holds four of the request's words, the prescription it names one, the others fewer than half of four
+    assert [(o.tool, o.args) for o in v.observations[2:]] == [("get_patient", {"patient_id": "PT-1"}),
+                                                              ("get_prescription", {"rx_id": "RX-2"})]
+    added = v.instruction.split(LOOKED_UP)[1]
+    assert "PT-1" in added and "PT-4" not in added and "PT-9" not in added
+    assert '(1 more found hold fewer of the request\'s words)' in added  # the namesake, left out of the first search
+    assert 'find_patients({"name": "Clovis"})' not in added  # it found nothing else worth showing
+    assert [o.args for o in _read(v)] == [{"name": "Tou Nguyen"}, {"patient_id": "PT-1"}, {"rx_id": "RX-2"}]
 
 
 def test_request_terms_drop_sentence_openers_and_split_two_names_joined_by_and():
