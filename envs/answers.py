@@ -2,7 +2,8 @@
 
 Numbers are read with thousands separators, currency signs and percent signs
 stripped and compared within a tolerance; ISO dates are found in any common
-written form ("2026-08-01", "August 1, 2026", "1 Aug 2026", "08/01/2026");
+written form ("2026-08-01", "August 1, 2026", "1 Aug 2026", "08/01/2026"), a
+timestamp's too ("2026-08-01T12:43:00-05:00");
 text matches whole words, ignoring case, punctuation and spacing. Every finder
 returns the spans it matched, so a certifier can cut a value out of an answer
 to build a perturbed, incomplete one.
@@ -23,7 +24,7 @@ _MONTHS = {m: i + 1 for i, m in enumerate(
     ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"])}
 _MONTH = r"(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
 _DATES = [
-    (re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b"), lambda m: (int(m[1]), int(m[2]), int(m[3]))),
+    (re.compile(r"\b(\d{4})-(\d{2})-(\d{2})(?:\b|(?=T\d))"), lambda m: (int(m[1]), int(m[2]), int(m[3]))),  # or a timestamp's
     (re.compile(rf"\b{_MONTH}\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", re.I),
      lambda m: (int(m[3]), _MONTHS[m[1].lower()[:3]], int(m[2]))),
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH}\s+(\d{{4}})\b", re.I),

@@ -19,6 +19,8 @@ def test_dates_in_written_forms():
     assert states(TEXT, check("2026-08-01"))
     assert states("due 08/01/2026", check("2026-08-01")) and states("due 1 Aug 2026", check("2026-08-01"))
     assert not states(TEXT, check("2026-08-02"))
+    assert states("delivered on 2026-08-01T12:43:00-05:00.", check("2026-08-01"))  # the date of a timestamp
+    assert not states("order 2026-08-01X", check("2026-08-01")) and not states("ref 12026-08-01", check("2026-08-01"))
 
 
 def test_text_is_whole_word_and_case_insensitive():
