@@ -466,28 +466,20 @@ def _nonempty(output: Any) -> bool:
     return output not in (None, [], {}, "")
 
 
-def _keys(output: Any) -> list[tuple[str, str]]:
-    """The (field, value) record keys in a result, in order: what a detail lookup can take."""
-    if isinstance(output, list):
-        return [k for item in output for k in _keys(item)]
-    if not isinstance(output, dict):
-        return []
-    found = [(f, str(v)) for f, v in output.items() if KEY_FIELD.search(f) and isinstance(v, (str, int)) and not isinstance(v, bool)]
-    return found + [k for v in output.values() if isinstance(v, list) for k in _keys(v)]
-
-
 def _held_keys(output: Any) -> list[tuple[tuple[str, str], dict]]:
-    """`_keys(output)`, each with the record (or nested record) whose field it is."""
+    """The (field, value) record keys in a result, in order, each with the (nested) record whose field it is."""
     if isinstance(output, list):
         return [k for item in output for k in _held_keys(item)]
     if not isinstance(output, dict):
         return []
-    return [(k, output) for k in _keys(_own(output))] + [k for v in output.values() if isinstance(v, list) for k in _held_keys(v)]
+    own = [((f, str(v)), output) for f, v in output.items()
+           if KEY_FIELD.search(f) and isinstance(v, (str, int)) and not isinstance(v, bool)]
+    return own + [k for v in output.values() if isinstance(v, list) for k in _held_keys(v)]
 
 
-def _own(record: dict) -> dict:
-    """A record without its nested lists of records."""
-    return {f: v for f, v in record.items() if not isinstance(v, list)}
+def _keys(output: Any) -> list[tuple[str, str]]:
+    """The (field, value) record keys in a result, in order: what a detail lookup can take."""
+    return [k for k, _ in _held_keys(output)]
 
 
 def detail_tools(view: EpisodeView, field: str, named_only: bool = True) -> list[ToolInfo]:
@@ -542,19 +534,18 @@ class ResolveNamedEntities(Component):
                     searches.append(o)
         # A search by one word of a name finds every record holding it (a street's other addresses): show the records
         # that hold most of the request's words, each once, and read those first.
-        ranked = sorted(((held(asked, r), n, r, o) for n, o in enumerate(searches) for r in _rows(o.output)),
-                        key=lambda x: (-x[0], x[1]))
+        ranked = sorted(((held(asked, r), r, o) for o in searches for r in _rows(o.output)), key=lambda x: -x[0])  # stable
         floor = ranked[0][0] * self.params.share if ranked else 0
         kept: dict[int, list] = {}  # a search's records shown, by id of its observation
         best: list = []  # every record shown, most of the request's words first
-        for score, _, record, o in ranked:
+        for score, record, o in ranked:
             if score >= floor and record not in best:
                 kept.setdefault(id(o), []).append(record)
                 best.append(record)
         found = [o for o in searches if id(o) in kept or not _rows(o.output)]  # a list of names, say, is shown whole
         # each key is read in the order of the (nested) record it names: a patient's prescription the request names first
-        keyed = [(held(asked, holder), n, key) for n, (key, holder) in enumerate(k for r in best for k in _held_keys(r))]
-        keys = list(dict.fromkeys(key for _, _, key in sorted(keyed, key=lambda x: (-x[0], x[1]))))
+        keyed = sorted((k for r in best for k in _held_keys(r)), key=lambda k: -held(asked, k[1]))
+        keys = list(dict.fromkeys(key for key, _ in keyed))
         details = 0
         for field, value in keys:
             for reader in detail_tools(view, field, named_only=False):
