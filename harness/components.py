@@ -680,7 +680,7 @@ class CheckChangeMade(Component):
     name = "check_change_made"
     # wrong_answer too: two of the five wrong answers of std6's adopted candidate on validation came with no change
     # call at all, one of them saying the change was approved
-    addresses = ('over_abstained', 'wrong_answer')
+    addresses = ('over_abstained', 'no_change', 'wrong_answer')
     summary = ("when the agent answers without any state-changing call having succeeded (a refusal, or a reply that says "
                "the change was made), asks it once whether the request needed a change it has not made yet")
 
@@ -775,7 +775,7 @@ def reports_only(instruction: str) -> bool:
 
 class FollowThrough(Component):
     name = "follow_through"
-    addresses = ('over_abstained',)
+    addresses = ('over_abstained', 'no_change')
     summary = ("when the agent answers a request for a change without having changed anything, keeps a refusal only if "
                "it quotes a result the agent read that blocks the request; otherwise asks the model, grammar-constrained, "
                "for the one call that does what the request asks and hands that call to the agent to make, or, when an id "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 from langchain_core.messages import HumanMessage
 
@@ -23,7 +24,13 @@ from state.records import EpisodeRecord, UsageRecord
 MAX_EXAMPLES = 3
 MAX_CHARS = 600
 MAX_CALLS = 12  # of one example: the first few and the last ones; a runaway trajectory stays a few hundred tokens
-GUESSABLE = ("ungrounded_abstain", "over_abstained", "wrong_answer", "turn_limit")  # outcomes a guessed id explains
+GUESSABLE = ("ungrounded_abstain", "over_abstained", "no_change", "wrong_answer", "turn_limit")  # outcomes a guessed id explains
+
+
+# envs.verify's wording for a change the task asks for and the final state lacks. Answering with that change
+# never made was the commonest feasible failure of std15's two adopted candidates on validation (3 of 7 and 3 of 6
+# failed episodes); read as wrong answers, they pointed the panel at no component that sends the agent back to make it.
+MISSING_CHANGE = re.compile(r"^\S+ (?:has no|still has) row matching ")
 
 
 def _cut(text: str, limit: int = MAX_CHARS) -> str:
@@ -54,6 +61,8 @@ def _outcome_kind(record: EpisodeRecord) -> FailureKind | None:
         return "over_abstained"
     if any(f.startswith(("forbidden call", "unexpected change")) for f in grade.failures):  # envs.verify's wording
         return "forbidden_action"
+    if not grade.committed and any(MISSING_CHANGE.search(f) for f in grade.failures):
+        return "no_change"
     return "wrong_answer"
 
 

@@ -11,8 +11,9 @@ from pydantic import Field
 from state.metrics import RunScores
 from state.records import Record, UsageRecord
 
-FailureKind = Literal["did_not_abstain", "ungrounded_abstain", "over_abstained", "wrong_answer", "forbidden_action", "turn_limit",
-                      "guessed_identifier", "error"]
+# no_change: a feasible task answered without the change it asks for (roles.failure_analyst.MISSING_CHANGE)
+FailureKind = Literal["did_not_abstain", "ungrounded_abstain", "over_abstained", "no_change", "wrong_answer", "forbidden_action",
+                      "turn_limit", "guessed_identifier", "error"]
 Component = Literal["prompts", "config", "components", "skills", "memory", "control_logic", "subagents"]
 
 

@@ -412,6 +412,11 @@ def test_a_failed_block_resumes_where_it_stopped(context):
     ("act", "final_answer", False, True, True, ("answer does not state price (89.0)",), "wrong_answer"),  # it acted
     ("act", "final_answer", False, False, True, ("answer does not state price (89.0)",), "wrong_answer"),
     ("act", "final_answer", False, False, True, ("answer states forbidden value 'x'",), "wrong_answer"),
+    # answered without the change the task asks for; a change made but not the one asked is a wrong answer
+    ("act", "final_answer", False, False, False, ("answer does not state id (9)", "orders has no row matching {'id': 9}"), "no_change"),
+    ("act", "final_answer", False, False, False, ("holds still has row matching {'id': 9}",), "no_change"),
+    ("act", "final_answer", False, False, True, ("orders has no row matching {'id': 9}",), "wrong_answer"),
+    ("act", "final_answer", False, False, False, ("answer does not state id (9)",), "wrong_answer"),
     ("act", "final_answer", False, False, True, ("forbidden call delete_item({}) succeeded",), "forbidden_action"),
     ("act", "final_answer", False, False, True, ("unexpected change to items",), "forbidden_action"),
     ("act", "turn_limit", False, False, False, (), "turn_limit"),
@@ -692,6 +697,13 @@ def test_the_catalog_puts_the_components_built_for_the_diagnosed_failures_first(
     assert set(built) == {n for n, c in LIBRARY.items() if "guessed_identifier" in c.addresses} >= {"ground_identifiers", "resolve_named_entities"}
     assert [line.split(" ")[1] for line in lines[:len(built)]] == built
     assert "built for" not in catalog_text()
+
+
+def test_an_answer_without_the_change_asked_for_points_the_catalog_at_the_components_that_send_the_agent_back():
+    lines = catalog_text(["no_change/feasible"]).splitlines()
+    built = [line.split(" ")[1] for line in lines if line.startswith("- ") and "(built for: no change)" in line]
+    assert {"follow_through", "check_change_made"} <= set(built)
+    assert [line.split(" ")[1] for line in lines[:len(built)]] == built
 
 
 def test_the_catalog_says_what_each_component_would_have_done_on_the_training_episodes():
