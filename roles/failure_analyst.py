@@ -30,7 +30,7 @@ GUESSABLE = ("ungrounded_abstain", "over_abstained", "no_change", "wrong_answer"
 # envs.verify's wording for a change the task asks for and the final state lacks. Answering with that change
 # never made was the commonest feasible failure of std15's two adopted candidates on validation (3 of 7 and 3 of 6
 # failed episodes); read as wrong answers, they pointed the panel at no component that sends the agent back to make it.
-MISSING_CHANGE = re.compile(r"^\S+ (?:has no|still has) row matching ")
+MISSING_CHANGE = re.compile(r"^(?!answer ).+? (?:has no|still has) row matching \{")
 
 
 def _cut(text: str, limit: int = MAX_CHARS) -> str:

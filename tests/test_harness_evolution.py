@@ -414,7 +414,8 @@ def test_a_failed_block_resumes_where_it_stopped(context):
     ("act", "final_answer", False, False, True, ("answer states forbidden value 'x'",), "wrong_answer"),
     # answered without the change the task asks for; a change made but not the one asked is a wrong answer
     ("act", "final_answer", False, False, False, ("answer does not state id (9)", "orders has no row matching {'id': 9}"), "no_change"),
-    ("act", "final_answer", False, False, False, ("holds still has row matching {'id': 9}",), "no_change"),
+    ("act", "final_answer", False, False, False, ("room holds still has row matching {'id': 9}",), "no_change"),
+    ("act", "final_answer", False, False, False, ("answer does not state note (orders has no row matching {)",), "wrong_answer"),
     ("act", "final_answer", False, False, True, ("orders has no row matching {'id': 9}",), "wrong_answer"),
     ("act", "final_answer", False, False, False, ("answer does not state id (9)",), "wrong_answer"),
     ("act", "final_answer", False, False, True, ("forbidden call delete_item({}) succeeded",), "forbidden_action"),
