@@ -10,11 +10,17 @@ whatever it said afterwards.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from envs.answers import contains_text, states
 from envs.match import matches
 from state.records import CallPattern, Observation, StateDiff, TaskSpec
+
+
+# How `verify` words a state check that failed: the final state lacks a change the task asks for. An answer check's
+# wording ("answer does not state …") never counts, whatever value it quotes.
+MISSING_CHANGE = re.compile(r"^(?!answer ).+? (?:has no|still has) row matching \{")
 
 
 @dataclass(frozen=True)

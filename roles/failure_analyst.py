@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 from langchain_core.messages import HumanMessage
 
 from envs.catalog import Entry, entry_context, side_env
 from envs.spec import tool_infos
+from envs.verify import MISSING_CHANGE
 from harness.abi import EpisodeView, HarnessConfig
 from harness.components import LIBRARY, guessed_calls, stepped_in, without_examples
 from prompts import render
@@ -25,12 +25,6 @@ MAX_EXAMPLES = 3
 MAX_CHARS = 600
 MAX_CALLS = 12  # of one example: the first few and the last ones; a runaway trajectory stays a few hundred tokens
 GUESSABLE = ("ungrounded_abstain", "over_abstained", "no_change", "wrong_answer", "turn_limit")  # outcomes a guessed id explains
-
-
-# envs.verify's wording for a change the task asks for and the final state lacks. Answering with that change
-# never made was the commonest feasible failure of std15's two adopted candidates on validation (3 of 7 and 3 of 6
-# failed episodes); read as wrong answers, they pointed the panel at no component that sends the agent back to make it.
-MISSING_CHANGE = re.compile(r"^(?!answer ).+? (?:has no|still has) row matching \{")
 
 
 def _cut(text: str, limit: int = MAX_CHARS) -> str:
@@ -61,6 +55,9 @@ def _outcome_kind(record: EpisodeRecord) -> FailureKind | None:
         return "over_abstained"
     if any(f.startswith(("forbidden call", "unexpected change")) for f in grade.failures):  # envs.verify's wording
         return "forbidden_action"
+    # Answering with the change never made was the commonest feasible failure of std15's two adopted candidates on
+    # validation (3 of 7 and 3 of 6); read as wrong answers, they pointed the panel at no component that sends the
+    # agent back to make it.
     if not grade.committed and any(MISSING_CHANGE.search(f) for f in grade.failures):
         return "no_change"
     return "wrong_answer"

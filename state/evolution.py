@@ -11,7 +11,7 @@ from pydantic import Field
 from state.metrics import RunScores
 from state.records import Record, UsageRecord
 
-# no_change: a feasible task answered without the change it asks for (roles.failure_analyst.MISSING_CHANGE)
+# no_change: a feasible task answered without the change it asks for (envs.verify.MISSING_CHANGE)
 FailureKind = Literal["did_not_abstain", "ungrounded_abstain", "over_abstained", "no_change", "wrong_answer", "forbidden_action",
                       "turn_limit", "guessed_identifier", "error"]
 Component = Literal["prompts", "config", "components", "skills", "memory", "control_logic", "subagents"]
