@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from envs.spec import SpecError
+from envs.spec import SpecError, read_text
 from state.records import AnswerCheck, ReferenceSolution, TaskSpec, ToolCall
 
 READ_PREFIXES = ("get", "list", "find", "search", "lookup", "look", "check", "calculate", "compute", "show", "view", "read", "think")
@@ -74,7 +74,7 @@ def import_suite(src: Path | str, out: Path | str, env_id: str | None = None, de
 
 def _read(path: Path, kind: type) -> Any:
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(read_text(path))
     except FileNotFoundError:
         raise SpecError(path, "(file)", "a JSON file of the suite; it does not exist") from None
     except json.JSONDecodeError as exc:

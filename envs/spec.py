@@ -40,11 +40,19 @@ _Loader.yaml_implicit_resolvers = {
 }
 
 
+def read_text(path: Path) -> str:
+    """A file of an environment, pair or bundle as text; one that is not UTF-8 is an error that names it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(path, "(encoding)", f"UTF-8 text (byte {exc.start} is not)") from None
+
+
 def read_yaml(path: Path) -> Any:
     if not path.is_file():
         raise SpecError(path, "(file)", "a YAML file; it does not exist")
     try:
-        return yaml.load(path.read_text(), Loader=_Loader)
+        return yaml.load(read_text(path), Loader=_Loader)
     except yaml.YAMLError as exc:
         raise SpecError(path, "(syntax)", f"valid YAML ({exc})") from None
 
@@ -112,8 +120,8 @@ def _load_environment(directory: Path, signature: tuple) -> EnvironmentSpec:
         description=str(raw["description"]).strip(),
         tables=tables,
         rows=rows,
-        tools_source=tools_path.read_text(),
-        policy=policy_path.read_text().strip() if policy_path.is_file() else "",
+        tools_source=read_text(tools_path),
+        policy=read_text(policy_path).strip() if policy_path.is_file() else "",
     )
     tool_infos(spec, origin=tools_path)
     return spec
@@ -141,7 +149,7 @@ def _rows(path: Path, table: TableSpec) -> tuple[dict, ...]:
     if not path.is_file():
         raise SpecError(path, "(file)", f"a JSON list of {table.name} rows; it does not exist")
     try:
-        rows = json.loads(path.read_text())
+        rows = json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise SpecError(path, "(syntax)", f"valid JSON ({exc})") from None
     if not isinstance(rows, list):

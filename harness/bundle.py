@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from envs.spec import SpecError, files_signature, read_yaml
+from envs.spec import SpecError, files_signature, read_text, read_yaml
 from harness.abi import HOOKS, BaseHarness, HarnessConfig
 from harness.components import LIBRARY, Stack
 from state.evolution import ComponentChoice
@@ -108,7 +108,7 @@ _hashed: dict[tuple[str, str], Bundle] = {}
 def _load_bundle(path: Path, signature: tuple) -> Bundle:
     manifest = _model(path / "manifest.yaml", Manifest)
     config = _model(path / "config.yaml", HarnessConfig)
-    prompts = {p.stem: p.read_text() for p in sorted((path / "prompts").glob("*.md"))}
+    prompts = {p.stem: read_text(p) for p in sorted((path / "prompts").glob("*.md"))}
     if "system" not in prompts:
         raise SpecError(path / "prompts" / "system.md", "(file)", "the system prompt; it does not exist")
     for name_, text in prompts.items():
@@ -119,19 +119,19 @@ def _load_bundle(path: Path, signature: tuple) -> Bundle:
     hooks = path / "hooks.py"
     if not hooks.is_file():
         raise SpecError(hooks, "(file)", "a module defining `class Harness(BaseHarness)`; it does not exist")
-    source = hooks.read_text()
+    source = read_text(hooks)
     if _trusted(path):
         _harness_class(source, str(hooks))
     else:
         _check_source(source, str(hooks))
     components = _components(path / "components.yaml") if (path / "components.yaml").is_file() else ()
-    files = {str(p.relative_to(path)): p.read_text() for p in sorted(path.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    files = {str(p.relative_to(path)): read_text(p) for p in sorted(path.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
     return Bundle(
         path=path,
         manifest=manifest,
         config=config,
         prompts=prompts,
-        skills={p.stem: p.read_text() for p in sorted((path / "skills").glob("*.md"))},
+        skills={p.stem: read_text(p) for p in sorted((path / "skills").glob("*.md"))},
         memory=read_yaml(path / "memory.yaml") if (path / "memory.yaml").is_file() else {},
         subagents={p.stem: read_yaml(p) for p in sorted((path / "subagents").glob("*.yaml"))},
         hooks_source=source,
@@ -229,7 +229,7 @@ def bundle_diff(a: str | Path, b: str | Path) -> str:
     pa, pb = resolve_bundle(a), resolve_bundle(b)
 
     def files(root: Path) -> dict[str, list[str]]:
-        return {str(p.relative_to(root)): p.read_text().splitlines(keepends=True)
+        return {str(p.relative_to(root)): read_text(p).splitlines(keepends=True)
                 for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
 
     fa, fb = files(pa), files(pb)

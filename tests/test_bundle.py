@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from envs.spec import SpecError
-from harness.bundle import BUNDLES, load_bundle
+from harness.bundle import BUNDLES, bundle_diff, load_bundle
 from harness.check import check_bundle
 
 
@@ -40,6 +40,16 @@ def test_hash_covers_the_harness_library(tmp_path, monkeypatch):
     monkeypatch.setattr(harness.bundle, "LIBRARY_CODE", "another version of harness/components.py")
     harness.bundle._load_bundle.cache_clear()
     assert load_bundle(bundle).hash != before
+
+
+def test_a_bundle_file_that_is_not_utf8_is_named(tmp_path):
+    bundle = copy(tmp_path)
+    (bundle / "skills").mkdir()
+    (bundle / "skills" / "logo.png").write_bytes(b"\x89PNG\r\n")
+    for read in (load_bundle, lambda b: bundle_diff("H0", b)):
+        with pytest.raises(SpecError) as info:
+            read(bundle)
+        assert (info.value.path.endswith("logo.png"), info.value.field) == (True, "(encoding)")
 
 
 def test_hook_that_raises_is_rejected(tmp_path):

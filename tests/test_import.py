@@ -68,6 +68,9 @@ def test_a_broken_suite_names_the_file_and_field(tmp_path):
     (suite / "tasks.json").write_text('[{"instruction": "x"}]')
     with pytest.raises(SpecError, match=r"tasks.json: \[0\]: a task with an instruction and a list of actions"):
         import_suite(suite, tmp_path / "env")
+    (suite / "tasks.json").write_bytes(b'[{"instruction": "\xff"}]')
+    with pytest.raises(SpecError, match=r"tasks.json: \(encoding\): UTF-8 text \(byte 18 is not\)"):
+        import_suite(suite, tmp_path / "env2")
 
 
 def test_cli_import_writes_the_environment_and_says_what_to_fill(capsys, tmp_path):

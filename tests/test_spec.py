@@ -29,6 +29,15 @@ def test_missing_rows_file(shop_dir):
     assert "does not exist" in e.expected
 
 
+@pytest.mark.parametrize("name", ["rows/items.json", "environment.yaml", "tools.py", "policy.md"])
+def test_a_file_that_is_not_utf8_is_named(shop_dir, name):
+    path = shop_dir / name
+    path.write_bytes((path.read_bytes() if path.exists() else b"") + b"\n\xff\xfe\n")
+    e = error(shop_dir)
+    assert (e.path, e.field) == (str(path), "(encoding)")
+    assert e.expected.startswith("UTF-8 text (byte ")
+
+
 def test_row_of_wrong_type(shop_dir):
     rows = json.loads((shop_dir / "rows" / "items.json").read_text())
     rows[1]["stock"] = "two"
