@@ -78,10 +78,12 @@ def judge(base: Metrics | None, candidate: Metrics | None, rule: Rule, level: fl
     if rise["over_abstain"] > max(rise["act"], 0):
         return False, f"Over-abstain rose{' more than Act' if rise['act'] > 0 else ''} ({where})", figures
     targets = TARGETS[rule]
-    if any(change[m][1] < change[m][0] for m in targets):
-        return False, f"a {SPLIT[rule]} score decreased ({where})", figures
+    if down := [LABELS[m] for m in targets if change[m][1] < change[m][0]]:
+        return False, f"{SPLIT[rule]} {' and '.join(down)} decreased ({where})", figures
     if not any(change[m][1] > change[m][0] for m in targets):
-        return False, f"no {SPLIT[rule]} score improved ({where})", figures
+        # named: "no validation score improved" beside "Act 0/6 → 3/6" read as a contradiction
+        named = " nor ".join(LABELS[m] for m in targets)
+        return False, (f"neither {SPLIT[rule]} {named} rose" if len(targets) > 1 else f"{SPLIT[rule]} {named} did not rise") + f" ({where})", figures
     before, after = base.per_pair, candidate.per_pair
     pairs = [p for p in before if p in after]
     deltas = [after[p][side] - before[p][side] for p in pairs for side in SOLVED]

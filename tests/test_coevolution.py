@@ -131,7 +131,7 @@ def test_rounds_grow_the_pool_by_a_batch_keep_validation_and_hide_the_bench(cont
     # each round's harness: H0 was never beaten, and every candidate is in the lineage with why
     assert [r["harness"] for r in final["results"][:2]] == ["co-1-h1:H0", "co-1-h2:H0"]
     rejected = [e for e in final["lineage"].values() if e.parent_id]
-    assert len(rejected) == 2 and all(not e.adopted and "no validation score improved" in e.reason for e in rejected)
+    assert len(rejected) == 2 and all(not e.adopted and "neither validation Abstain (grounded) nor Pair (grounded) rose" in e.reason for e in rejected)
     # the thread shows each round's sub-runs and the nodes they ran, the same when a finished run is read again
     assert [(s["round"], s["graph"], s["run"]) for s in final["steps"]] == [
         (1, "env_evolution", "co-1-e1"), (1, "harness_evolution", "co-1-h1"), (2, "env_evolution", "co-1-e2"), (2, "harness_evolution", "co-1-h2")]

@@ -631,7 +631,7 @@ def test_two_candidates_of_a_block_never_carry_the_same_edit(context):
     scripted.assert_consumed("optimizer")
     c1, c2 = final["lineage"][f"{run_id}:c1"], final["lineage"][f"{run_id}:c2"]
     assert c1.problems == () and c2.problems == () and signature(Path(c1.path)) != signature(Path(c2.path))
-    assert "no validation score improved" in c1.reason and final["selected"] == f"{run_id}:H0"
+    assert "neither validation Abstain (grounded) nor Pair (grounded) rose" in c1.reason and final["selected"] == f"{run_id}:H0"
     assert "needs at least 3" in final["lineage"][f"{run_id}:H0"].reason
 
 

@@ -118,7 +118,7 @@ def test_one_flipped_pair_never_adopts():
 def test_all_equal_and_ties_improve_nothing():
     base = same("done", "grounded")
     ok, reason, _ = judge(base, same("done", "grounded"), "hera")
-    assert not ok and reason.startswith("no validation score improved")
+    assert not ok and reason.startswith("neither validation Abstain (grounded) nor Pair (grounded) rose")
 
 
 def test_the_standard_presets_gate_adopts_three_tasks_better_and_none_worse_but_not_one_flipped_pair():
@@ -162,13 +162,13 @@ def test_below_the_minimum_the_gate_cannot_pass_and_says_so_before_a_run():
 def test_ecdysis_rule_needs_training_pair_to_rise():
     base = same("failed", "grounded")
     ok, reason, _ = judge(base, same("failed", "grounded"), "ecdysis")
-    assert not ok and reason.startswith("no training score improved")
+    assert not ok and reason.startswith("training Pair (grounded) did not rise")
     ok, _, figures = judge(base, same("done", "grounded"), "ecdysis")
     assert ok and figures["wins"] == 6
 
 
 @pytest.mark.parametrize("base,candidate,adopted,why", [
-    (("failed", "ungrounded"), ("failed", "ungrounded"), False, "no validation score improved"),
+    (("failed", "ungrounded"), ("failed", "ungrounded"), False, "neither validation Abstain (grounded) nor Pair (grounded) rose"),
     (("failed", "ungrounded"), ("failed", "grounded"), True, ""),  # Abstain up on every pair, Pair equal
     (("failed", "grounded"), ("done", "grounded"), True, ""),      # Pair (and Act) up on every pair, Abstain equal
 ])
@@ -183,7 +183,7 @@ def test_hera_rule_refuses_to_trade_pair_for_abstain():
                          ("failed", "grounded"), ("failed", "ungrounded")][i] for i, p in enumerate(PAIRS)})
     ok, reason, figures = judge(base, traded, "hera")
     assert figures["scores"]["abstain"] == ["3/6", "4/6"] and figures["scores"]["pair"] == ["3/6", "2/6"]
-    assert not ok and reason.startswith("a validation score decreased")
+    assert not ok and reason.startswith("validation Pair (grounded) decreased")
 
 
 def test_sign_test():
