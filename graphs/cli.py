@@ -1234,6 +1234,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.ledger and os.environ.get("HERA_STORE"):
         say("[red]error:[/] --ledger names a ledger file and --store (or $HERA_STORE) a PostgreSQL store: give one of them")
         return 2
+    catalog = Path(getattr(args, "catalog", CATALOG))
+    if not any(catalog.glob("*/environment.yaml")):  # a mistyped path would list no pair and say nothing
+        say(f"[red]error:[/] --catalog {escape(str(catalog))}: "
+            f"{'no environment (ENV/environment.yaml) in it' if catalog.is_dir() else 'no such directory'}")
+        return 2
     if args.command in ("eval", "evolve-harness", "evolve-envs", "transfer", "coevolve", "compare"):
         api.tune_gc()
     try:

@@ -153,6 +153,13 @@ def test_unknown_pair_names_the_catalog_searched(capsys, tmp_path):
     assert code == 2 and f"error: unknown pair 'shop-rescued' in catalog {custom}" in err.splitlines()[0]
 
 
+def test_a_catalog_that_is_not_there_or_holds_no_environment_is_an_error(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    for catalog, why in ((tmp_path / "missing", "no such directory"), (tmp_path / "empty", "no environment")):
+        assert main(["envs", "list", "--catalog", str(catalog)]) == 2
+        assert f"error: --catalog {catalog}: {why}" in capsys.readouterr().err
+
+
 def test_a_small_custom_catalog_certifies_without_the_built_in_quotas(capsys, tmp_path):
     custom = small_catalog(tmp_path, "shop-reserve-drill")
     ledger = str(tmp_path / "l.db")
