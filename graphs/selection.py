@@ -83,7 +83,8 @@ def judge(base: Metrics | None, candidate: Metrics | None, rule: Rule, level: fl
     if not any(change[m][1] > change[m][0] for m in targets):
         # named: "no validation score improved" beside "Act 0/6 → 3/6" read as a contradiction
         named = " nor ".join(LABELS[m] for m in targets)
-        return False, (f"neither {SPLIT[rule]} {named} rose" if len(targets) > 1 else f"{SPLIT[rule]} {named} did not rise") + f" ({where})", figures
+        said = f"neither {SPLIT[rule]} {named} rose" if len(targets) > 1 else f"{SPLIT[rule]} {named} did not rise"
+        return False, f"{said} ({where})", figures
     before, after = base.per_pair, candidate.per_pair
     pairs = [p for p in before if p in after]
     deltas = [after[p][side] - before[p][side] for p in pairs for side in SOLVED]
