@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from roles.failure_analyst import failure_kind
 from state.metrics import LABELS, MIN_CI_PAIRS, NAMES, Metrics, fraction, over_abstains, paired_difference, score
 from state.evolution import LineageEntry, ProposalOutcome
 from state.ledger import Ledger
@@ -293,11 +294,37 @@ def evaluation_sections(ledger: Ledger, run_id: str, level: int = 2, title: str 
             sides = cells.get((pair_id, trial), {})
             act, abstain = sides.get("act"), sides.get("abstain")
             rows.append((pair_id, str(trial), _mark(act, "success"), _mark(abstain, "success"),
-                         _mark(abstain, "grounded", abstain is not None and abstain.grade.success), _mark(act, "abstained")))
+                         _mark(abstain, "grounded", abstain is not None and abstain.grade.success), _mark(act, "abstained"),
+                         _kind(act), _kind(abstain)))
     unfinished = "— not finished (an infrastructure error or an interrupted run), never a failure" if not metrics.complete else ""
-    per_pair = Table(("pair", "trial", "act done", "abstained", "grounded", "over-abstained"), tuple(rows), "per pair",
-                     _join(unfinished, infra_note(ledger, [run_id])))
-    return [Section(title or f"Evaluation {run_id}", _anchor("eval", run_id), (table, *tiers, Text(time_text), per_pair), level)]
+    per_pair = Table(("pair", "trial", "act done", "abstained", "grounded", "over-abstained", "act failure", "abstain failure"),
+                     tuple(rows), "per pair", _join(unfinished, infra_note(ledger, [run_id])))
+    kinds = kinds_table(list(cells.values()))
+    return [Section(title or f"Evaluation {run_id}", _anchor("eval", run_id),
+                    (table, *tiers, Text(time_text), per_pair, *([kinds] if kinds.rows else [])), level)]
+
+
+def _kind(record: EpisodeRecord | None) -> str:
+    """The failure kind of a finished episode (roles.failure_analyst), "" when it succeeded, — when it did not finish."""
+    return "—" if record is None or record.grade is None else failure_kind(record) or ""
+
+
+def kinds_table(cells: list[dict[str, EpisodeRecord]]) -> Table:
+    """Failures by kind and side, and how many of them were all that kept their pair from Pair: the pair's other
+    side was solved (the task done, or the twin refused with the evidence)."""
+    tally: Counter = Counter()
+    for sides in cells:
+        solved = {side: r.grade is not None and r.grade.success and (side == "act" or r.grade.grounded) for side, r in sides.items()}
+        for side, r in sides.items():
+            if (kind := _kind(r)) not in ("", "—"):
+                tally[kind, side] += 1
+                tally[kind, "alone"] += solved.get("abstain" if side == "act" else "act", False)
+    kinds = sorted({k for k, _ in tally}, key=lambda k: (-tally[k, "alone"], -tally[k, "act"] - tally[k, "abstain"], k))
+    return Table(("failure kind", "act side", "abstain side", "the pair's other side solved"),
+                 tuple((k, str(tally[k, "act"]), str(tally[k, "abstain"]), str(tally[k, "alone"])) for k in kinds),
+                 "failure kinds", "as the failure analyst names an outcome (before it reads guessed ids); the pair's other side "
+                                  "solved: the task done, or the twin refused with the evidence, so this failure was all that "
+                                  "kept its pair from Pair")
 
 
 def _mark(record: EpisodeRecord | None, name: str, applies: bool = True) -> str:

@@ -68,8 +68,11 @@ def test_evaluation_report_is_the_eval_score_table(ledger):
     assert scores.rows[0][3] == "n too small (3 < 5)"  # no interval over three pairs
     assert scores.note == "6/6 episodes finished; tokens in 60 (cached 0), out 30"
     per_pair = table(report, "per pair")
-    assert per_pair.rows == (("p1", "0", "yes", "yes", "yes", "no"), ("p2", "0", "yes", "no", "", "no"),
-                             ("p3", "0", "no", "yes", "no", "yes"))
+    assert per_pair.rows == (("p1", "0", "yes", "yes", "yes", "no", "", ""), ("p2", "0", "yes", "no", "", "no", "", "forbidden_action"),
+                             ("p3", "0", "no", "yes", "no", "yes", "over_abstained", "ungrounded_abstain"))
+    # p2's twin was acted on while its task was done: that failure alone kept p2 from Pair; p3 failed on both sides
+    assert table(report, "failure kinds").rows == (("forbidden_action", "0", "1", "1"), ("over_abstained", "1", "0", "0"),
+                                                   ("ungrounded_abstain", "0", "1", "0"))
     md = render_markdown(report)
     assert "| Abstain (grounded) | 1/3 | 33.3 | n too small (3 < 5) |" in md
     assert "Wall time: 12.0 s summed over 6 finished episodes; the run recorded episodes from " in md
@@ -90,7 +93,7 @@ def test_an_incomplete_run_shows_counts_only_and_names_its_infrastructure_errors
     assert scores.note == ("3/4 episodes finished — incomplete: counts only; tokens in 30 (cached 0), out 15; "
                            "1 episode(s) ended in an infrastructure error and are not scored (neither success nor failure; "
                            "resume the run to re-run them); 1 episode(s) hit an infrastructure error and finished on a re-run")
-    assert table(report, "per pair").rows[1] == ("p2", "0", "no", "—", "—", "no")
+    assert table(report, "per pair").rows[1] == ("p2", "0", "no", "—", "—", "no", "wrong_answer", "—")
     assert "infrastructure error" in table(report, "per pair").note
 
 
