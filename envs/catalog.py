@@ -19,7 +19,7 @@ from envs.mutation import apply_mutation
 from pydantic import ValidationError
 
 from envs.spec import SpecError, load_environment, load_pair, read_yaml, tool_infos, validation_error
-from state.paths import CATALOG
+from state.paths import CATALOG, ID
 from state.records import CATEGORIES, EnvironmentSpec, Mutation, PairSpec, StateOp, TaskSpec, scalars
 
 MIN_PER_CATEGORY = 4
@@ -55,12 +55,12 @@ class Parent:
 def load_parent(parent_id: str, root: Path | str = CATALOG) -> Parent:
     """A pair of the catalog at `root`, else a task in `tasks/` of `root` (an environment directory) or of one of
     its environments."""
-    root = Path(root)
-    if any(root.glob(f"*/pairs/{glob.escape(parent_id)}.yaml")):
+    root, named = Path(root), ID.fullmatch(parent_id)  # an id, never a path
+    if named and any(root.glob(f"*/pairs/{glob.escape(parent_id)}.yaml")):
         entry = load_entry(parent_id, root)
         return Parent(parent_id, entry.env, entry.pair.task, entry.pair.control, entry.path.parent.parent, entry.pair.tier,
                       entry.pair.mutation.category)
-    for path in [root / "tasks" / f"{parent_id}.yaml", *root.glob(f"*/tasks/{glob.escape(parent_id)}.yaml")]:
+    for path in [root / "tasks" / f"{parent_id}.yaml", *root.glob(f"*/tasks/{glob.escape(parent_id)}.yaml")] if named else ():
         if path.is_file():
             env = load_environment(path.parent.parent)
             try:
@@ -140,8 +140,8 @@ def entry_context(entry: Entry) -> str:
 
 def load_entry(pair_id: str, root: Path | str = CATALOG) -> Entry:
     """One pair, loading only its own environment (pair files are named after their id; an id is
-    never a pattern, which would load whichever pair it matched first)."""
-    for path in Path(root).glob(f"*/pairs/{glob.escape(pair_id)}.yaml"):
+    never a pattern, which would load whichever pair it matched first, nor a path)."""
+    for path in Path(root).glob(f"*/pairs/{glob.escape(pair_id)}.yaml") if ID.fullmatch(pair_id) else ():
         env = load_environment(path.parent.parent)
         return Entry(pair=load_pair(path, env), env=env, path=path)
     raise KeyError(f"no pair {pair_id!r} in {root}")

@@ -77,7 +77,10 @@ def files_signature(path: Path | str) -> tuple:
     for root, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         for name in files:
-            stat = os.stat(os.path.join(root, name))
+            try:
+                stat = os.stat(os.path.join(root, name))
+            except OSError as exc:  # a link to nothing, say
+                raise SpecError(Path(root, name), "(file)", f"a readable file ({exc.strerror})") from None
             found.append((os.path.relpath(os.path.join(root, name), path), stat.st_size, stat.st_mtime_ns))
     return tuple(sorted(found))
 

@@ -20,6 +20,7 @@ from typing_extensions import NotRequired, TypedDict
 from envs.catalog import CATALOG, catalog_problems, load_catalog, load_entry
 from envs.certify import MAX_CALLS, certify
 from envs.spec import SpecError
+from graphs.inputs import AtLeastOne, Id, checked
 from state.context import Context
 from state.ledger import Ledger
 from state.records import Certification, merge
@@ -27,8 +28,8 @@ from state.records import Certification, merge
 
 
 class CertifyInput(TypedDict, total=False):
-    pair_ids: list[str]
-    rescue_budget: int  # calls the rescue search may make per pair
+    pair_ids: list[Id]  # none: the whole catalog
+    rescue_budget: AtLeastOne  # calls the rescue search may make per pair
 
 
 class CertifyOutput(TypedDict):
@@ -46,8 +47,9 @@ class PairTask(TypedDict):
 
 
 def fan_out_pairs(state: CertifyState, runtime: Runtime[Context]) -> list[Send]:
-    ids = state.get("pair_ids") or sorted(load_catalog(runtime.context.catalog))
-    return [Send("pair_certifier", PairTask(pair_id=i, rescue_budget=state.get("rescue_budget", MAX_CALLS))) for i in ids]
+    given = checked(CertifyInput, state, "certify")
+    ids = given.get("pair_ids") or sorted(load_catalog(runtime.context.catalog))
+    return [Send("pair_certifier", PairTask(pair_id=i, rescue_budget=given.get("rescue_budget", MAX_CALLS))) for i in ids]
 
 
 async def pair_certifier(task: PairTask, runtime: Runtime[Context]) -> dict:

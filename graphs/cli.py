@@ -66,7 +66,7 @@ from roles.models import chat_model, endpoint_down, endpoint_problem
 from state.evolution import LineageEntry
 from state.ledger import Ledger, LedgerError
 from state.store import StoreError, redacted
-from state.paths import RunPaths
+from state.paths import ID, RunPaths, run_id_problem
 from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
 
 console = Console(stderr=True)
@@ -146,9 +146,17 @@ def port_number(text: str) -> int:
     return value
 
 
+def run_id(text: str) -> str:
+    """An argparse type: a run id, which names folders under the runs root (`state.paths.ID`)."""
+    problem = run_id_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def pair_id(text: str) -> str:
-    """An argparse type: one pair id, never a pattern (the catalog lookup would expand it to some pair)."""
-    if not text or any(c in text for c in "*?[]/\\"):
+    """An argparse type: one pair id, never a pattern or a path (the catalog lookup would expand it to some pair)."""
+    if not ID.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a pair id: name each pair (see `hera envs list`); patterns are not expanded")
     return text
 
@@ -907,7 +915,7 @@ def transfer(args: argparse.Namespace) -> int:
 
 def _add_report_parsers(top) -> None:
     rp = top.add_parser("report", help="a run's report: report.md and a self-contained report.html with figures")
-    rp.add_argument("run_id", metavar="RUN", help="an evaluation, harness-evolution, environment-evolution or co-evolution run")
+    rp.add_argument("run_id", metavar="RUN", type=run_id, help="an evaluation, harness-evolution, environment-evolution or co-evolution run")
     rp.add_argument("--out", help="directory (default: runs/reports/RUN)")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(run=report_run)
@@ -1092,7 +1100,7 @@ def run_options(sub: argparse.ArgumentParser, turns: str | None = "every episode
     """A long command's --max-turns (when its episodes take one), --run-id and --json."""
     if turns:
         sub.add_argument("--max-turns", type=positive_int, help=f"a cap on {turns} turns (default: the harness's own limit)")
-    sub.add_argument("--run-id", help=resume)
+    sub.add_argument("--run-id", type=run_id, help=resume)
     sub.add_argument("--json", action="store_true")
 
 
@@ -1146,7 +1154,7 @@ def parser() -> argparse.ArgumentParser:
     rl.add_argument("--json", action="store_true")
     rl.set_defaults(run=runs_list)
     rs = runs.add_parser("show")
-    rs.add_argument("run_id", metavar="RUN")
+    rs.add_argument("run_id", metavar="RUN", type=run_id)
     rs.add_argument("--json", action="store_true")
     rs.set_defaults(run=runs_show)
     rc = runs.add_parser("compare", help="two runs on the same pairs: scores, paired differences with 95%% intervals, cost")
@@ -1197,7 +1205,7 @@ def parser() -> argparse.ArgumentParser:
     run_options(ee, turns="every screening episode's")
     ee.set_defaults(run=evolve_envs)
     lin = top.add_parser("lineage", help="the lineage tree of harness evolution runs, with scores")
-    lin.add_argument("run_id", nargs="?", metavar="RUN")
+    lin.add_argument("run_id", nargs="?", metavar="RUN", type=run_id)
     lin.add_argument("--json", action="store_true")
     lin.set_defaults(run=lineage_show)
     df = top.add_parser("diff", help="the diff between two bundles (directories, built-in names or lineage ids)")

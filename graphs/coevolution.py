@@ -41,9 +41,10 @@ from graphs import runner
 from graphs import env_evolution, harness_evolution
 from graphs.env_evolution import run_env_evolution
 from graphs.harness_evolution import run_harness_evolution
+from graphs.inputs import AtLeastOne, AtLeastZero, Id, Ids, Level, Name, Share, checked
 from graphs.selection import GATE_LEVEL
 from roles.failure_analyst import analyse_failures, failure_records
-from state.context import Context
+from state.context import ConfigError, Context
 from state.evolution import Diagnosis, LineageEntry
 from envs.catalog import split_pairs
 from state.ledger import Ledger
@@ -109,27 +110,27 @@ CONFIGS: dict[str, dict] = {
 
 
 class CoevolutionInput(TypedDict):
-    run_id: str
-    base: str
-    train: list[str]
-    validation: list[str]
-    bench: list[str]
-    rounds: int
+    run_id: Id
+    base: Name
+    train: Ids
+    validation: Ids
+    bench: list[Id]  # none: no bench at the end
+    rounds: AtLeastOne
     env: EnvMode
     # environment evolution
-    proposers: int
-    batch_size: int
-    tau: float
-    budget: int
-    max_refinements: int
+    proposers: AtLeastOne
+    batch_size: AtLeastOne
+    tau: Share
+    budget: AtLeastOne
+    max_refinements: AtLeastZero
     # harness evolution
-    candidates: int
+    candidates: AtLeastOne
     mode: Literal["fdcr", "aggregate", "serial"]
     channel: Literal["structured", "code"]
-    review_rounds: int
+    review_rounds: AtLeastZero
     rule: Literal["hera", "ecdysis"]
-    gate_level: NotRequired[float]
-    gate_trials: NotRequired[int]
+    gate_level: NotRequired[Level]
+    gate_trials: NotRequired[AtLeastOne]
 
 
 class CoevolutionOutput(TypedDict, total=False):
@@ -159,9 +160,9 @@ def _sub(ctx: Context, state: CoevolutionState) -> Context:
 
 
 def _copy_pairs(source: Path, catalog: Path, pair_ids: list[str]) -> None:
-    """Copies each pair's file, and its environment directory once, from catalog `source` into `catalog`."""
-    for pair_id in pair_ids:
-        path = load_entry(pair_id, source).path
+    """Copies each pair's file, and its environment directory once, from catalog `source` into `catalog` (made if need
+    be); a pair `source` does not hold is a KeyError before anything is copied."""
+    for path in [load_entry(pair_id, source).path for pair_id in pair_ids]:
         env_dir = catalog / path.parent.parent.name
         if not env_dir.exists():
             shutil.copytree(path.parent.parent, env_dir, ignore=shutil.ignore_patterns("pairs", "__pycache__"))
@@ -186,17 +187,22 @@ async def _step(round_: int, module, run_id: str) -> dict:
 
 
 async def setup(state: CoevolutionState, runtime: Runtime[Context]) -> dict:
-    """The run's catalog (training and validation pairs only); writes `catalog`, `pool`, `batches`, `harness`, `round`."""
+    """Rejects input its schema does not allow; the run's catalog (training and validation pairs only). Writes the
+    input as typed, `catalog`, `pool`, `batches`, `harness`, `round`."""
+    given = checked(CoevolutionInput, state, "coevolution")
+    state = {**state, **given}
     catalog = RunPaths.here().coevolution_run(state["run_id"]) / "catalog"
 
     def fill() -> None:
         if catalog.exists():  # a crash between the copy and the checkpoint: start the copy over
             shutil.rmtree(catalog)
-        catalog.mkdir(parents=True)
-        _copy_pairs(Path(runtime.context.catalog), catalog, state["train"] + state["validation"])
+        try:
+            _copy_pairs(Path(runtime.context.catalog), catalog, state["train"] + state["validation"])
+        except KeyError as exc:
+            raise ConfigError(f"coevolution input: {exc.args[0]}") from None
 
     await asyncio.to_thread(fill)
-    return {"catalog": str(catalog), "pool": list(state["train"]), "batches": {"initial": list(state["train"])},
+    return {**given, "catalog": str(catalog), "pool": list(state["train"]), "batches": {"initial": list(state["train"])},
             "harness": state["base"], "round": 1}
 
 

@@ -46,6 +46,7 @@ from envs.construct import (add_implied_references, add_missing_keys, allow_miss
 from envs.grow import grow, naming_columns, referenced_first
 from envs.spec import SpecError, load_database, load_environment
 from graphs.env_evolution import ProposalInput, menu_of, proposal_graph
+from graphs.inputs import AtLeastOne, AtLeastZero, Name, checked
 from graphs import runner
 from graphs.episode import run_task
 from harness.tool_sandbox import ToolSandboxError, check_task, check_tools, sandboxed_seeds
@@ -69,15 +70,15 @@ MAX_NAMES = 80  # new names (titles, products) asked of the builder per naming c
 
 
 class ConstructInput(TypedDict):
-    theme: str
-    out: str
-    tasks: int
-    max_attempts: int
-    max_turns: int
-    rows: NotRequired[int]  # grow each templated table to this many rows (0: the rows as written)
-    solver_tries: NotRequired[int]  # solver attempts per task until the verifier accepts one (default 1)
-    pairs: NotRequired[int]  # certified twins to seek per kept task (0: stop at tasks)
-    max_refinements: NotRequired[int]
+    theme: Name
+    out: Name
+    tasks: AtLeastOne
+    max_attempts: AtLeastOne
+    max_turns: AtLeastOne
+    rows: NotRequired[AtLeastZero]  # grow each templated table to this many rows (0: the rows as written)
+    solver_tries: NotRequired[AtLeastOne]  # solver attempts per task until the verifier accepts one (default 1)
+    pairs: NotRequired[AtLeastZero]  # certified twins to seek per kept task (0: stop at tasks)
+    max_refinements: NotRequired[AtLeastZero]
 
 
 class ConstructOutput(TypedDict, total=False):
@@ -127,7 +128,10 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     column dropped, references a column's name and values imply added, values of another type with one reading
     converted, a column some rows leave empty made nullable), gives short tables more rows and naming
     columns new names from the builder, grows the tables to `rows`, and writes it to the output directory; on
-    problems, drafts again within `max_attempts`; writes `decisions`, `env_id`, `attempt`, `feedback`."""
+    problems, drafts again within `max_attempts`. Rejects input its schema does not allow. Writes the input as typed,
+    `decisions`, `env_id`, `attempt`, `feedback`."""
+    given = checked(ConstructInput, state, "construct")
+    state = {**state, **given}
     ctx, out = runtime.context, Path(state["out"])
     attempt = state.get("attempt", 0) + 1
     draft, usage = await build_database(state["theme"], state.get("feedback", ""), ctx.builder_model, ctx.model_timeout_s)
@@ -157,7 +161,7 @@ async def environment_builder(state: ConstructState, runtime: Runtime[Context]) 
     shown = f"{len(draft.tables)} tables, {rows} rows" + (f" ({written} written; {'; '.join(grown)})" if grown else "")
     decision = Decision(step="database", subject=draft.id, attempt=attempt, accepted=not problems,
                         reasons=tuple(problems) or (f"{shown}; types, keys and references check", *notes))
-    update = {"decisions": [decision], "usage": usage, "env_id": draft.id}
+    update = {**given, "decisions": [decision], "usage": usage, "env_id": draft.id}
     if not problems:
         return Command(goto="tool_coder", update={**update, "attempt": 0, "feedback": ""})
     if attempt < state["max_attempts"]:

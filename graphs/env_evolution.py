@@ -38,6 +38,7 @@ from envs.menu import Option, menu
 from envs.mutation import apply_mutation
 from envs.spec import SpecError, check_pair, shipped
 from graphs import runner
+from graphs.inputs import AtLeastOne, AtLeastZero, Id, Ids, Name, Share, checked
 from harness.tool_sandbox import sandboxed_menu
 from roles.environment_designer import design_targets
 from roles.failure_analyst import diagnosis_text
@@ -198,17 +199,17 @@ proposal_graph = build_proposal().compile(name="proposal")
 
 
 class EnvEvolutionInput(TypedDict):
-    run_id: str
-    parents: list[str]
+    run_id: Id
+    parents: Ids
     source: NotRequired[str]  # the directory the parents are loaded from (a built environment); default the run's catalog
     diagnosis: Diagnosis
-    harness: str
-    proposers: int
-    max_refinements: int
-    batch_size: int
-    tau: float
-    batches: int
-    budget: int
+    harness: Name
+    proposers: AtLeastOne
+    max_refinements: AtLeastZero
+    batch_size: AtLeastOne
+    tau: Share
+    batches: AtLeastOne
+    budget: AtLeastOne
 
 
 class EnvEvolutionOutput(TypedDict, total=False):
@@ -253,7 +254,10 @@ def spread(chosen: list[tuple[str, str, str]], entries: list[Parent], offered: d
 
 
 async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Context]) -> dict:
-    """Chooses this round's proposal targets from the diagnosis; writes `targets`, `design_round`, `usage`."""
+    """Rejects input its schema does not allow; chooses this round's proposal targets from the diagnosis. Writes the
+    input as typed, `targets`, `design_round`, `usage`."""
+    given = checked(EnvEvolutionInput, state, "env_evolution")
+    state = {**state, **given}
     ctx, parents, n = runtime.context, state["parents"], state["proposers"]
     round_ = state.get("design_round", 0) + 1
     weak = [g.category for g in state["diagnosis"].groups if g.category in CATEGORIES] or list(CATEGORIES)
@@ -271,7 +275,7 @@ async def environment_designer(state: EnvEvolutionState, runtime: Runtime[Contex
     targets = [ProposalTarget(id=f"{parent}--{_slug(category)}-{state['run_id'][-6:]}-{round_}{i}", parent=parent, category=category, idea=idea,
                               source=source)
                for i, (parent, category, idea) in enumerate(chosen)]
-    return {"targets": targets, "design_round": round_, "usage": [usage]}
+    return {**given, "targets": targets, "design_round": round_, "usage": [usage]}
 
 
 def fan_out_proposals(state: EnvEvolutionState) -> list[Send]:

@@ -44,6 +44,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import Entry, entry_context, load_entry, side_env
 from envs.mcp_server import DirectSession, connection, direct_session, memory_session
+from graphs.inputs import checked
 from harness.abi import BaseHarness, EpisodeView, ToolRequest, call_hook
 from harness.bundle import Bundle, load_bundle
 from harness.remote import HookError, SandboxedHarness
@@ -120,7 +121,9 @@ class EpisodeState(EpisodeInput, EpisodeOutput, total=False):
 async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Literal["agent", "close", "__end__"]]:
     """Opens the episode's environment (unless `run_episode` did) and harness; writes `messages`, `turns`,
     `harness_hash`, and `episode_id` when it was not given."""
-    request, ctx = EpisodeRequest.model_validate(state["request"]), runtime.context  # from Studio, a dict
+    request, ctx = state["request"], runtime.context
+    if not isinstance(request, EpisodeRequest):  # from Studio, a dict
+        request = checked(EpisodeInput, state, "episode")["request"]
     episode_id = state.get("episode_id") or f"{request.pair_id}/{request.side}/{uuid.uuid4().hex[:8]}"
     live = LIVE.get(episode_id) or await _open_own(request, ctx, episode_id)
     try:

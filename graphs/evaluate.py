@@ -39,6 +39,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from mcp.shared.exceptions import McpError
+from pydantic import Field
 from typing_extensions import NotRequired, TypedDict
 
 from envs.catalog import load_entry, run_entry, side_env
@@ -47,6 +48,7 @@ from envs.spec import SpecError
 from envs.untrusted import EnvironmentFault
 from graphs import engine
 from graphs.episode import run_episode
+from graphs.inputs import AtLeastOne, Id, Ids, Name, checked
 from harness.bundle import hashed_bundle, load_bundle
 from harness.check import check_bundle
 from harness.tool_sandbox import ToolSandboxError
@@ -56,7 +58,7 @@ from state.context import ConfigError, Context, EpisodeRequest
 from state import journal
 from state.ledger import Ledger, held
 from state.metrics import Metrics, score
-from state.records import EpisodeKey, EpisodeRecord, capped, merge
+from state.records import EpisodeKey, EpisodeRecord, Side, capped, merge
 
 # Episodes in hand at once, per attempt allowed at once: the claims, cache reads and ledger writes of the others (trips
 # off the event loop, long ones in a busy process) go on while the attempts run, instead of holding an attempt's place.
@@ -67,12 +69,12 @@ ON_EPISODE: contextvars.ContextVar[Callable[[EpisodeRecord], None] | None] = con
 
 
 class EvaluateInput(TypedDict):
-    run_id: str
-    bundle: str
-    pair_ids: list[str]
-    trials: int
+    run_id: Id
+    bundle: Name
+    pair_ids: Ids
+    trials: AtLeastOne
     seed: int
-    sides: NotRequired[list[str]]  # default both; a screening runs only the abstain side (and is scored as incomplete)
+    sides: NotRequired[Annotated[list[Side], Field(min_length=1)]]  # default both; a screening runs only the abstain side (scored as incomplete)
 
 
 class EvaluateOutput(TypedDict, total=False):
@@ -92,15 +94,20 @@ class EpisodeTask(TypedDict):
 
 
 async def planner(state: EvaluateState, runtime: Runtime[Context]) -> dict:
-    """Rejects a bundle whose hooks fail the sandboxed check, unknown pairs or an engine it cannot reach (starting a
-    local one); records the run."""
+    """Rejects input its schema does not allow, a bundle whose hooks fail the sandboxed check, unknown pairs or an
+    engine it cannot reach (starting a local one); records the run. Writes the input as typed, `order` and `tiers`."""
+    given = checked(EvaluateInput, state, "evaluate")
+    state = {**state, **given}
     if runtime.context.engine:
         await asyncio.to_thread(engine.client, runtime.context.engine)
     problems = await asyncio.to_thread(_check, state["bundle"])
     if problems:
         raise ConfigError("the bundle fails its checks: " + "; ".join(problems))
     catalog = runtime.context.catalog
-    entries = {p: await asyncio.to_thread(load_entry, p, catalog) for p in state["pair_ids"]}
+    try:
+        entries = {p: await asyncio.to_thread(load_entry, p, catalog) for p in state["pair_ids"]}
+    except KeyError as exc:
+        raise ConfigError(f"evaluate input: pair_ids: {exc.args[0]}") from None
     envs = {p: e.env.id for p, e in entries.items()}
     bundle = await asyncio.to_thread(load_bundle, state["bundle"])
     ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
@@ -111,7 +118,7 @@ async def planner(state: EvaluateState, runtime: Runtime[Context]) -> dict:
         max_turns=runtime.context.max_turns or 0,  # 0: no cap but the harness's own
     )
     # Episodes of one environment back to back: they share the prompt prefix a local server keeps cached.
-    return {"order": sorted(state["pair_ids"], key=lambda p: (envs[p], state["pair_ids"].index(p))),
+    return {**given, "order": sorted(state["pair_ids"], key=lambda p: (envs[p], state["pair_ids"].index(p))),
             "tiers": {p: e.pair.tier for p, e in entries.items()}}
 
 

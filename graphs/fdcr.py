@@ -14,6 +14,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
+from graphs.inputs import AtLeastZero, checked
 from roles import panel
 from state.context import Context
 from state.evolution import Diagnosis, ModificationSpec, Turn
@@ -22,8 +23,8 @@ from state.records import UsageRecord
 
 class FdcrInput(TypedDict):
     diagnosis: Diagnosis
-    harness: str
-    rounds: int
+    harness: str  # the current harness as the roles read it
+    rounds: AtLeastZero
     review: bool
 
 
@@ -39,7 +40,8 @@ class FdcrState(FdcrInput, FdcrOutput, total=False):
 
 
 async def _speak(speaker: Callable[..., Awaitable[tuple[Turn, UsageRecord]]], state: FdcrState, ctx: Context) -> dict:
-    turn, usage = await speaker(state["harness"], state["diagnosis"], state.get("transcript", []), ctx.analyst_model, ctx.model_timeout_s)
+    turn, usage = await speaker(state["harness"], Diagnosis.model_validate(state["diagnosis"]), state.get("transcript", []),
+                                ctx.analyst_model, ctx.model_timeout_s)
     return {"transcript": [turn], "usage": [usage]}
 
 
@@ -61,18 +63,20 @@ async def engineer(state: FdcrState, runtime: Runtime[Context]) -> dict:
 async def moderator(state: FdcrState, runtime: Runtime[Context]) -> dict:
     """Writes the structured modification spec; writes `spec`, `usage`."""
     ctx = runtime.context
-    spec, usage = await panel.moderator(state["harness"], state["diagnosis"], state.get("transcript", []), ctx.analyst_model,
-                                        ctx.model_timeout_s)
+    spec, usage = await panel.moderator(state["harness"], Diagnosis.model_validate(state["diagnosis"]), state.get("transcript", []),
+                                        ctx.analyst_model, ctx.model_timeout_s)
     return {"spec": spec, "usage": [usage]}
 
 
 def route_start(state: FdcrState) -> Literal["analyst", "moderator"]:
-    return "analyst" if state["review"] and state["rounds"] > 0 else "moderator"
+    """Rejects input its schema does not allow (the roles read the diagnosis as a `Diagnosis`, given as JSON or not)."""
+    given = checked(FdcrInput, state, "fdcr")
+    return "analyst" if given["review"] and given["rounds"] > 0 else "moderator"
 
 
 def route_after_engineer(state: FdcrState) -> Literal["analyst", "moderator"]:
     rounds_done = sum(t.role == "engineer" for t in state.get("transcript", []))
-    return "analyst" if rounds_done < state["rounds"] else "moderator"
+    return "analyst" if rounds_done < checked(FdcrInput, state, "fdcr")["rounds"] else "moderator"
 
 
 def build_fdcr() -> StateGraph:

@@ -32,6 +32,7 @@ from typing_extensions import NotRequired, TypedDict
 from envs.catalog import load_entry
 from graphs import fdcr, runner
 from graphs.episode import run_episode
+from graphs.inputs import AtLeastOne, AtLeastZero, Id, Ids, Level, Name, checked
 from state.metrics import fraction
 from graphs.selection import GATE_LEVEL, SPLIT, gate_warning, judge
 from harness.bundle import bundle_diff, load_bundle
@@ -52,17 +53,17 @@ Rule = Literal["hera", "ecdysis"]
 
 
 class HarnessEvolutionInput(TypedDict):
-    run_id: str
-    base: str
-    pool: list[str]
-    validation: list[str]
-    candidates: int
+    run_id: Id
+    base: Name
+    pool: Ids
+    validation: Ids
+    candidates: AtLeastOne
     mode: Mode
     channel: Literal["structured", "code"]
-    rounds: int
+    rounds: AtLeastZero
     rule: Rule
-    gate_level: NotRequired[float]  # the selection gate's sign-test level (default GATE_LEVEL)
-    gate_trials: NotRequired[int]  # trials of each harness on the split the gate reads (default 1)
+    gate_level: NotRequired[Level]  # the selection gate's sign-test level (default GATE_LEVEL)
+    gate_trials: NotRequired[AtLeastOne]  # trials of each harness on the split the gate reads (default 1)
     tried: NotRequired[list[str]]  # the failure groups ("kind/category") candidates of earlier blocks started from
 
 
@@ -119,7 +120,10 @@ async def _scores(bundle: str, state: HarnessEvolutionState, ctx: Context, name:
 
 
 async def baseline(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:
-    """Scores the starting bundle; writes `lineage`, `parent`, `failures`, `episodes`, `replay`, `index`."""
+    """Rejects input its schema does not allow; scores the starting bundle. Writes the input as typed, `lineage`,
+    `parent`, `failures`, `episodes`, `replay`, `index`."""
+    given = checked(HarnessEvolutionInput, state, "harness_evolution")
+    state = {**state, **given}
     bundle = load_bundle(state["base"])
     train, validation, read = await _scores(state["base"], state, runtime.context, "base")
     rule = state["rule"]
@@ -130,7 +134,7 @@ async def baseline(state: HarnessEvolutionState, runtime: Runtime[Context]) -> d
                          reason="the starting harness" + (f"; {warning}" if warning else ""))
     ledger = await asyncio.to_thread(Ledger, runtime.context.ledger)
     await asyncio.to_thread(ledger.record_lineage, entry)
-    return {"lineage": {entry.id: entry}, "parent": entry.id, "index": 0, **read}
+    return {**given, "lineage": {entry.id: entry}, "parent": entry.id, "index": 0, **read}
 
 
 async def failure_analyst(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:

@@ -81,6 +81,8 @@ def resolve_bundle(name: str | Path) -> Path:
     """A bundle directory from a path or the name of a built-in bundle."""
     path = Path(name)
     if path.is_dir():
+        if not (path / "manifest.yaml").is_file():  # before its files are walked: a mistyped path may be a large tree
+            raise SpecError(path / "manifest.yaml", "(file)", "a bundle's manifest; it does not exist")
         return path
     if (BUNDLES / str(name)).is_dir():
         return BUNDLES / str(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from state.paths import CATALOG
-from state.records import Record
+from state.records import Record, Side
 
 
 class ConfigError(ValueError):
@@ -40,7 +40,7 @@ class EpisodeRequest(Record):
     """One harness on one side of one pair: the rollout-cache key without the hashes."""
 
     pair_id: str
-    side: str
+    side: Side
     bundle: str
     seed: int = 0
     trial: int = 0

@@ -4,10 +4,21 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 CATALOG = Path(__file__).resolve().parent.parent / "envs" / "catalog"  # the built-in benchmark
+# A run's or a pair's id names a file or folder (under the runs root, in a catalog): one path component, never `.` or
+# `..`. A run id given is at most MAX_ID long, so that a sub-run's (the id and a suffix) still makes a file name.
+ID, MAX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*"), 128
+
+
+def run_id_problem(run_id: str) -> str | None:
+    """Why `run_id` cannot name a run, or None."""
+    if ID.fullmatch(run_id) and len(run_id) <= MAX_ID:
+        return None
+    return f"run id {run_id[:MAX_ID]!r}: letters, digits, '.', '_' and '-', starting with a letter or digit, at most {MAX_ID}"
 
 
 def runs_dir() -> Path:
@@ -52,16 +63,22 @@ class RunPaths:
 
     def bundles(self, run_id: str) -> Path:
         """Harness candidates a harness-evolution run wrote."""
-        return self.root / "bundles" / run_id
+        return self._run("bundles", run_id)
 
     def pool(self, run_id: str) -> Path:
         """The certified pairs an environment-evolution run made, as a catalog."""
-        return self.root / "pools" / run_id
+        return self._run("pools", run_id)
 
     def coevolution_run(self, run_id: str) -> Path:
         """A co-evolution run's own catalog (its training and validation pairs, and the batches it admits)."""
-        return self.root / "coevolution" / run_id
+        return self._run("coevolution", run_id)
 
     def report(self, run_id: str) -> Path:
         """`hera report`'s Markdown, HTML and figures for a run."""
-        return self.root / "reports" / run_id
+        return self._run("reports", run_id)
+
+    def _run(self, folder: str, run_id: str) -> Path:
+        """A run's own folder; the entries (the CLI, each graph's input) refuse a bad run id first, by name."""
+        if not ID.fullmatch(run_id):
+            raise ValueError(f"run id {run_id!r}: not a folder's name")
+        return self.root / folder / run_id

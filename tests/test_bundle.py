@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from envs.spec import SpecError
-from harness.bundle import BUNDLES, bundle_diff, load_bundle
+from harness.bundle import BUNDLES, bundle_diff, load_bundle, resolve_bundle
 from harness.check import check_bundle
 
 
@@ -112,3 +112,16 @@ def test_bad_config_and_missing_prompt(tmp_path):
     with pytest.raises(SpecError) as info:
         load_bundle(bundle)
     assert info.value.field == "(template)"
+
+
+def test_a_directory_without_a_manifest_is_not_walked_as_a_bundle(tmp_path):
+    """A mistyped path (`/`, say) is refused by its missing manifest before its files are listed, and a bundle's file
+    that cannot be read (a link to nothing) is named."""
+    with pytest.raises(SpecError, match="manifest.yaml: \\(file\\): a bundle's manifest; it does not exist"):
+        load_bundle(tmp_path)
+    bundle = tmp_path / "b"
+    shutil.copytree(resolve_bundle("H0"), bundle)
+    (bundle / "skills").mkdir(exist_ok=True)
+    (bundle / "skills" / "gone.md").symlink_to(tmp_path / "nowhere.md")
+    with pytest.raises(SpecError, match="gone.md: \\(file\\): a readable file \\(No such file or directory\\)"):
+        load_bundle(bundle)

@@ -80,3 +80,16 @@ def test_the_built_in_catalog_shows_no_data_in_its_public_text():
     from envs.catalog import catalog_findings
 
     assert catalog_findings(CATALOG) == []
+
+
+def test_a_pair_id_is_never_a_path():
+    """An id with a path in it names no pair, though the file it points at is a pair of the catalog."""
+    from envs.catalog import load_entry, load_parent
+    from tests.conftest import FIXTURES
+
+    assert load_entry("shop-rescued", FIXTURES).pair.id == "shop-rescued"
+    for given in ("../pairs/shop-rescued", "../../shop/pairs/shop-rescued", "./shop-rescued"):
+        with pytest.raises(KeyError, match="no pair"):
+            load_entry(given, FIXTURES)
+        with pytest.raises(KeyError, match="no pair or task"):
+            load_parent(given, FIXTURES)

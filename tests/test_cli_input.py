@@ -112,6 +112,22 @@ def test_a_pattern_or_a_duplicate_in_a_pair_list_is_refused(capsys, runs, argv, 
     assert f"error: {error}" in refused(capsys, runs, *argv)
 
 
+RUN_ID = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128"
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["eval", "--run-id", "../outside"], f"argument --run-id: run id '../outside': {RUN_ID}"),
+    (["coevolve", "--run-id", "/tmp/x"], f"argument --run-id: run id '/tmp/x': {RUN_ID}"),
+    (["compare", "h0", "--run-id", ".."], f"argument --run-id: run id '..': {RUN_ID}"),
+    (["evolve-harness", "--run-id", "a b"], f"argument --run-id: run id 'a b': {RUN_ID}"),
+    (["evolve-harness", "--run-id", "r" * 129], f"argument --run-id: run id '{'r' * 128}': {RUN_ID}"),
+    (["report", "../../x"], f"argument RUN: run id '../../x': {RUN_ID}"),
+])
+def test_a_run_id_that_is_not_one_folder_name_is_refused(capsys, runs, argv, error):
+    """A run id names folders under the runs root (a co-evolution's catalog, which a restart deletes and copies again)."""
+    assert f"error: {error}" in refused(capsys, runs, *argv)
+
+
 def test_an_unknown_pair_is_still_named(capsys, runs):
     code = main(["--catalog", str(FIXTURES), "--ledger", str(runs / "ledger.db"), "eval", "--pairs", "no-such-pair", "--model", "scripted:a"])
     assert code == 2 and "unknown pair 'no-such-pair'" in capsys.readouterr().err
@@ -289,3 +305,15 @@ def test_a_resume_keeps_the_run_s_turn_cap_and_refuses_another(capsys, runs, rem
     finally:
         scripted.clear()
     assert code == 2 and f"error: run {run_id} evaluated max_turns=4; resume it with the same settings" in err
+
+
+def test_a_runs_folder_is_never_outside_the_runs_root(tmp_path):
+    """What the entries refuse by name, the folders refuse too: a caller of the API that skipped them gets no path."""
+    from state.paths import RunPaths
+
+    paths = RunPaths(tmp_path)
+    assert paths.coevolution_run("co-1.a_b") == tmp_path / "coevolution" / "co-1.a_b"
+    for folder in (paths.bundles, paths.pool, paths.coevolution_run, paths.report):
+        for bad in ("..", ".", "", "../x", "a/b", "/tmp"):
+            with pytest.raises(ValueError, match="not a folder's name"):
+                folder(bad)

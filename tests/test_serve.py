@@ -20,14 +20,13 @@ from pathlib import Path
 
 import pytest
 from langgraph_sdk import get_client
-from pydantic import ValidationError
 
 from envs.catalog import catalog_problems, load_catalog
 from envs.certify import certify
 from graphs.cli import parser
 from graphs.serve import STUDIO, announced_url, serve_command, server_ready
 from graphs.episode import graph as episode_graph
-from state.context import Context
+from state.context import ConfigError, Context
 from state.ledger import Ledger
 from state.records import Certification
 from tests.conftest import FIXTURES
@@ -135,6 +134,6 @@ def test_announced_url_reads_the_banner_port():
 async def test_an_episode_request_without_a_side_is_refused_naming_the_field_before_anything_opens():
     from graphs.episode import LIVE
 
-    with pytest.raises(ValidationError, match=r"side\n  Field required"):
+    with pytest.raises(ConfigError, match=r"^episode input: request.side: required\n"):
         await episode_graph.ainvoke({"request": {"pair_id": "shop-reserve-drill", "bundle": "H0"}}, context=Context(catalog=str(FIXTURES)))
     assert not LIVE

@@ -1,0 +1,46 @@
+"""A graph's input as its `<Graph>Input` schema reads it. LangGraph checks nothing of a TypedDict's input, and Studio,
+the dev server's API and `graph.ainvoke` hand over whatever JSON they were given: each graph's entry reads its input
+through `checked`, which goes on with the typed values (a diagnosis given as JSON becomes a `Diagnosis`) or stops with
+a `ConfigError` naming every field that is wrong before anything runs. The constraints below are part of the schemas,
+so Studio's input form shows them too."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Annotated, Any
+
+from pydantic import Field, StringConstraints, TypeAdapter, ValidationError
+
+from state.context import ConfigError
+from state.paths import ID, MAX_ID
+
+Id = Annotated[str, StringConstraints(pattern=f"^{ID.pattern}$", max_length=MAX_ID)]  # a run's or a pair's: a folder's name
+Ids = Annotated[list[Id], Field(min_length=1)]
+Name = Annotated[str, StringConstraints(min_length=1)]
+AtLeastOne = Annotated[int, Field(ge=1)]
+AtLeastZero = Annotated[int, Field(ge=0)]
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+Level = Annotated[float, Field(gt=0.0, le=1.0)]  # a test's level
+
+
+def checked(schema: type, state: Mapping[str, Any], graph: str) -> dict[str, Any]:
+    """The keys of `schema` in `state`, validated and typed."""
+    keys = schema.__required_keys__ | schema.__optional_keys__
+    try:
+        return _adapter(schema).validate_python({k: state[k] for k in keys if k in state})
+    except ValidationError as exc:
+        raise ConfigError(f"{graph} input: " + "; ".join(_problem(e) for e in exc.errors())) from None
+
+
+@lru_cache(maxsize=None)
+def _adapter(schema: type) -> TypeAdapter:
+    return TypeAdapter(schema)
+
+
+def _problem(error: dict) -> str:
+    where = ".".join(map(str, error["loc"])) or "(input)"
+    if error["type"] == "missing":
+        return f"{where}: required"
+    got = repr(error["input"])
+    return f"{where}: {error['msg']} (got {got if len(got) <= 60 else got[:59] + '…'})"
