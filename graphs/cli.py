@@ -61,7 +61,7 @@ from graphs.report import (
     write_report,
 )
 from harness.bundle import bundle_diff, load_bundle
-from state.context import ConfigError, Context
+from state.context import PROPOSALS, ConfigError, Context
 from roles.models import chat_model, endpoint_down, endpoint_problem
 from state.evolution import LineageEntry
 from state.ledger import Ledger, LedgerError
@@ -1219,7 +1219,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-PROPOSALS = ("menu", "free")
 PROPOSALS_HELP = ("menu: proposers choose one of the changes derived from the parent pair (for small models); "
                   "free: they write whole mutations (for a stronger --proposer-model) (default: menu)")
 CATALOG_COMMANDS = ("eval", "evolve-harness", "evolve-envs", "coevolve", "compare", "transfer")

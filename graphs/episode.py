@@ -50,12 +50,11 @@ from harness.bundle import Bundle, load_bundle
 from harness.remote import HookError, SandboxedHarness
 from state.journal import call_scope, episode_scope, run_thread
 from roles.models import ChatModel, ContextLimitError, InfrastructureError, chat_model
-from state.context import ConfigError, Context, EpisodeRequest
+from state.context import Context, EpisodeRequest
 from state.records import EnvironmentSpec, Observation, ToolInfo, UsageRecord, capped
 
 Termination = Literal["final_answer", "turn_limit", "context_limit", "infrastructure_error", "harness_error", "environment_error"]
 TOOL_CRASH = "internal_error"  # the code `envs.runtime` gives a tool that raised or returned a value that is not JSON
-TRANSPORTS = ("direct", "memory", "stdio")  # how an episode reaches its environment (`environment_session`)
 OWN_SESSION_TTL_S = 4 * 3600  # a standalone episode that never reaches `close` (a crash) has its session closed after this
 
 
@@ -381,8 +380,6 @@ async def environment_session(entry: Entry, side: str, catalog: str, transport: 
         async with (direct_session if transport == "direct" else memory_session)(side_env(entry, side)) as session:
             yield session
         return
-    if transport not in TRANSPORTS:
-        raise ConfigError(f"env_transport={transport!r} (direct, memory or stdio)")
     conn = connection(entry.pair.id, side, catalog)
     params = StdioServerParameters(command=conn["command"], args=conn["args"], cwd=conn["cwd"])
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:

@@ -29,7 +29,6 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import StateGraph
 
 from graphs import engine, evaluate as evaluate_graph
-from graphs.episode import TRANSPORTS
 from state.metrics import Metrics
 from harness.bundle import load_bundle
 from roles.models import reset_endpoints
@@ -156,7 +155,7 @@ async def evaluate(
 
     One process at a time evaluates a run (a claim in the ledger); a resume whose run the ledger has lost
     is refused (`LedgerError`) before anything is evaluated."""
-    _check_request(pair_ids, trials, concurrency, context)
+    _check_request(pair_ids, trials, concurrency)
     reset_endpoints(context.agent_model, context.judge_model)
     run_id = run_id or new_run_id()
     paths = RunPaths.here()
@@ -200,16 +199,13 @@ async def evaluate(
     return Evaluation(run_id, final["metrics"], tuple(episodes))
 
 
-def _check_request(pair_ids: list[str], trials: int, concurrency: int, context: Context) -> None:
+def _check_request(pair_ids: list[str], trials: int, concurrency: int) -> None:
     """Refuses, before anything is recorded, an evaluation that could never complete or run."""
     twice = sorted(p for p, n in collections.Counter(pair_ids).items() if n > 1)
     problems = ["no pairs"] if not pair_ids else []
     problems += [f"pairs given more than once: {', '.join(twice)}"] if twice else []
     problems += [f"trials={trials} (at least 1)"] if trials < 1 else []
     problems += [f"concurrency={concurrency} (at least 1)"] if concurrency < 1 else []
-    problems += [f"max_infra_retries={context.max_infra_retries} (at least 0)"] if context.max_infra_retries < 0 else []
-    problems += [f"max_turns={context.max_turns} (at least 1, or None)"] if context.max_turns is not None and context.max_turns < 1 else []
-    problems += [f"env_transport={context.env_transport!r} (direct, memory or stdio)"] if context.env_transport not in TRANSPORTS else []
     if problems:
         raise ConfigError("cannot evaluate: " + "; ".join(problems))
 

@@ -13,6 +13,14 @@ class ConfigError(ValueError):
     caller's to fix, named with the file or field and what was expected. The CLI exits 2 on it."""
 
 
+TRANSPORTS = ("direct", "memory", "stdio")  # how an episode reaches its environment (`graphs.episode.environment_session`)
+PROPOSALS = ("menu", "free")
+
+
+def _count(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 @dataclass(frozen=True)
 class Context:
     agent_model: str = "local"
@@ -34,6 +42,19 @@ class Context:
     env_transport: str = "direct"  # tools called in process; "memory": an MCP session in process; "stdio": an MCP server subprocess per episode
     max_turns: int | None = None  # a budget: caps every episode's turns below its harness's own limit
     engine: str | None = None  # where episodes run: None in this process, "local:N" N worker processes, "tcp://HOST:PORT" a cluster
+
+    def __post_init__(self) -> None:
+        """Refuses, by field, a setting no run can use: a caller of a graph (Studio, the dev server's API) may hand
+        over any JSON as the context."""
+        checks = (("proposals", "menu or free", self.proposals in PROPOSALS),
+                  ("task_proposals", "menu or free", self.task_proposals in PROPOSALS),
+                  ("max_infra_retries", "at least 0", _count(self.max_infra_retries, 0)),
+                  ("max_turns", "at least 1, or None", self.max_turns is None or _count(self.max_turns, 1)),
+                  ("model_timeout_s", "a number above 0", isinstance(self.model_timeout_s, (int, float)) and self.model_timeout_s > 0),
+                  ("env_transport", "direct, memory or stdio", self.env_transport in TRANSPORTS))
+        problems = [f"{name}={getattr(self, name)!r} ({what})" for name, what, ok in checks if not ok]
+        if problems:
+            raise ConfigError("context: " + "; ".join(problems))
 
 
 class EpisodeRequest(Record):

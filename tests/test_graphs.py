@@ -46,13 +46,27 @@ def test_a_hooks_lookup_passes_ids_it_read_as_text_in_the_types_the_tool_takes()
     assert _typed(tool, {"user_id": "U-75", "other": "1"}) == {"user_id": "U-75", "other": "1"}  # what does not read so stays
 
 
-async def test_an_unknown_environment_transport_is_refused_by_name(tmp_path):
-    from graphs.api import evaluate
+@pytest.mark.parametrize("given, error", [
+    ({"env_transport": "pigeon"}, "context: env_transport='pigeon' (direct, memory or stdio)"),
+    ({"max_infra_retries": -5, "max_turns": 0}, "context: max_infra_retries=-5 (at least 0); max_turns=0 (at least 1, or None)"),
+    ({"max_turns": "10", "model_timeout_s": 0}, "context: max_turns='10' (at least 1, or None); model_timeout_s=0 (a number above 0)"),
+    ({"proposals": "any", "task_proposals": None}, "context: proposals='any' (menu or free); task_proposals=None (menu or free)"),
+])
+async def test_a_context_no_run_can_use_is_refused_by_field_however_it_is_given(given, error, tmp_path):
+    """As a dataclass (the API) or as JSON to a graph (Studio, the dev server): an evaluation with no infrastructure
+    retry at all would otherwise finish having run nothing, and report itself incomplete."""
+    from graphs.evaluate import graph as evaluate_graph
     from state.context import ConfigError
 
-    context = Context(agent_model="scripted:agent", catalog=str(FIXTURES), ledger=str(tmp_path / "l.db"), env_transport="pigeon")
-    with pytest.raises(ConfigError, match=r"env_transport='pigeon' \(direct, memory or stdio\)"):
-        await evaluate("H0", ["shop-reserve-drill"], context)
+    settings = {"agent_model": "scripted:none", "judge_model": "scripted:none", "catalog": str(FIXTURES), "ledger": str(tmp_path / "l.db")}
+    with pytest.raises(ConfigError) as refused:
+        Context(**settings, **given)
+    assert str(refused.value) == error
+    with pytest.raises(ConfigError) as refused:
+        await evaluate_graph.ainvoke({"run_id": "r1", "bundle": "H0", "pair_ids": ["shop-reserve-drill"], "trials": 1, "seed": 0},
+                                     context={**settings, **given})
+    assert str(refused.value).startswith(error)
+    assert not (tmp_path / "l.db").exists()
 
 
 @pytest.mark.parametrize("transport", ["direct", "memory", "stdio"])
