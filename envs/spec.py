@@ -31,7 +31,16 @@ from state.records import Column, EnvironmentSpec, PairSpec, StateOp, TableSpec,
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML without implicit timestamps: '2026-08-01' stays a string."""
+    """YAML without implicit timestamps ('2026-08-01' stays a string) and without aliases: nine nested aliases of
+    nine items each load at once as shared lists, and then hang whatever walks them (validation, hashing) on 9^9
+    leaves. No environment, pair or bundle needs one."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"found an alias (*{event.anchor}), which these files do not take",
+                                              event.start_mark)
+        return super().compose_node(parent, index)
 
 
 _Loader.yaml_implicit_resolvers = {

@@ -120,3 +120,14 @@ def test_yaml_dates_stay_strings(shop_dir, shop):
     path.write_text(path.read_text().replace("value: 89.0}", "value: 89.0}\n    - {name: day, value: 2026-08-01}"))
     pair = load_pair(path, shop)
     assert pair.task.answer[1].value == "2026-08-01"
+
+
+def test_a_yaml_alias_is_refused_where_it_is(shop_dir, shop):
+    """Nine nested aliases of nine items each load at once and hang whatever walks them (9^9 leaves); one alias is
+    refused as surely, naming its line and column."""
+    path = shop_dir / "pairs" / "shop-reserve-drill.yaml"
+    path.write_text("x-values: &v [1, 2]\n" + path.read_text().replace("value: 89.0}", "value: *v}"))
+    with pytest.raises(SpecError) as info:
+        load_pair(path, shop)
+    assert (info.value.path, info.value.field) == (str(path), "(syntax)")
+    assert "found an alias (*v), which these files do not take" in info.value.expected and "line 7, column 28" in info.value.expected
