@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from envs.spec import SpecError, read_text
+from envs.spec import SpecError, read_json
 from state.records import AnswerCheck, ReferenceSolution, TaskSpec, ToolCall
 
 READ_PREFIXES = ("get", "list", "find", "search", "lookup", "look", "check", "calculate", "compute", "show", "view", "read", "think")
@@ -73,12 +73,9 @@ def import_suite(src: Path | str, out: Path | str, env_id: str | None = None, de
 
 
 def _read(path: Path, kind: type) -> Any:
-    try:
-        value = json.loads(read_text(path))
-    except FileNotFoundError:
-        raise SpecError(path, "(file)", "a JSON file of the suite; it does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise SpecError(path, "(file)", f"valid JSON ({exc})") from None
+    if not path.is_file():
+        raise SpecError(path, "(file)", "a JSON file of the suite; it does not exist")
+    value = read_json(path)
     if not isinstance(value, kind):
         raise SpecError(path, "(root)", f"a JSON {'object of collections' if kind is dict else 'list'}")
     return value

@@ -57,12 +57,20 @@ def read_text(path: Path) -> str:
         raise SpecError(path, "(encoding)", f"UTF-8 text (byte {exc.start} is not)") from None
 
 
+def read_json(path: Path) -> Any:
+    """A JSON file as data; one that does not parse, or nests too deep to, is an error that names it."""
+    try:
+        return json.loads(read_text(path))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise SpecError(path, "(syntax)", f"valid JSON ({exc})") from None
+
+
 def read_yaml(path: Path) -> Any:
     if not path.is_file():
         raise SpecError(path, "(file)", "a YAML file; it does not exist")
     try:
         return yaml.load(read_text(path), Loader=_Loader)
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, RecursionError) as exc:
         raise SpecError(path, "(syntax)", f"valid YAML ({exc})") from None
 
 
@@ -160,10 +168,7 @@ def _table(path: Path, name: str, body: Any) -> TableSpec:
 def _rows(path: Path, table: TableSpec) -> tuple[dict, ...]:
     if not path.is_file():
         raise SpecError(path, "(file)", f"a JSON list of {table.name} rows; it does not exist")
-    try:
-        rows = json.loads(read_text(path))
-    except json.JSONDecodeError as exc:
-        raise SpecError(path, "(syntax)", f"valid JSON ({exc})") from None
+    rows = read_json(path)
     if not isinstance(rows, list):
         raise SpecError(path, "(root)", "a JSON list of row objects")
     seen = set()

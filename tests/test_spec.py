@@ -131,3 +131,14 @@ def test_a_yaml_alias_is_refused_where_it_is(shop_dir, shop):
         load_pair(path, shop)
     assert (info.value.path, info.value.field) == (str(path), "(syntax)")
     assert "found an alias (*v), which these files do not take" in info.value.expected and "line 7, column 28" in info.value.expected
+
+
+@pytest.mark.parametrize("name", ["rows/items.json", "pairs/shop-reserve-drill.yaml"])
+def test_a_file_nested_too_deep_to_parse_is_named(shop_dir, shop, name):
+    path = shop_dir / name
+    deep = "[" * 100_000 + "]" * 100_000
+    path.write_text(deep if name.endswith(".json") else path.read_text() + f"x: {deep}\n")
+    with pytest.raises(SpecError) as info:
+        load_environment(shop_dir) if name.endswith(".json") else load_pair(path, shop)
+    assert (info.value.path, info.value.field) == (str(path), "(syntax)")
+    assert "maximum recursion depth exceeded" in info.value.expected
