@@ -220,6 +220,10 @@ def _guarded(tool: Tool, params: dict[str, Any], db: sqlite_utils.Database) -> A
         return _json_plain(tool.fn(db, **params))
     except ToolError:
         raise
+    except OverflowError as exc:
+        # A number too large for SQLite or for the tool's arithmetic is the caller's argument, refused like a wrong
+        # type: as a crash the episode would be dropped as an environment fault, unscored.
+        raise ToolError("invalid_arguments", f"a number out of range ({exc})") from None
     except Exception as exc:
         # A crash in tool code is an environment defect: recorded on the
         # observation as internal_error (never the agent's fault) and undone.

@@ -55,6 +55,17 @@ def test_bad_arguments_and_unknown_tools(shop):
     assert len(instance.calls) == 3
 
 
+def test_a_number_out_of_range_is_the_callers_argument_not_a_crash(shop):
+    """Too large for SQLite (10**100), or for the tool's arithmetic (-2**63 taken from the stock): refused like a wrong
+    type, and undone. As a crash (`internal_error`) the episode would end as an environment fault, never scored."""
+    instance = EnvInstance(shop)
+    for qty in (10**100, -2**63):
+        obs = instance.call("reserve", {"sku": "HX-100", "qty": qty})
+        assert (obs.ok, obs.error_code) == (False, "invalid_arguments")
+        assert obs.message == "a number out of range (Python int too large to convert to SQLite INTEGER)"
+    assert stock(instance, "HX-100") == 4 and instance.diff().changes == ()
+
+
 def test_diff_against_initial_state(shop):
     instance = EnvInstance(shop)
     instance.call("reserve", {"sku": "DR-220", "qty": 2})
