@@ -156,7 +156,7 @@ def run_id(text: str) -> str:
 
 def pair_id(text: str) -> str:
     """An argparse type: one pair id, never a pattern or a path (the catalog lookup would expand it to some pair)."""
-    if not ID.fullmatch(text):
+    if not ID.fullmatch(text) or any(c in text for c in "*?[]"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a pair id: name each pair (see `hera envs list`); patterns are not expanded")
     return text
 

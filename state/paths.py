@@ -9,16 +9,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CATALOG = Path(__file__).resolve().parent.parent / "envs" / "catalog"  # the built-in benchmark
-# A run's or a pair's id names a file or folder (under the runs root, in a catalog): one path component, never `.` or
-# `..`. A run id given is at most MAX_ID long, so that a sub-run's (the id and a suffix) still makes a file name.
-ID, MAX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*"), 128
+# A run's or a pair's id names a file or folder (under the runs root, in a catalog): one name, never a path, `.` or `..`
+# (nor a hidden file). A run id given is at most MAX_ID long, so that a sub-run's (the id and a suffix) still makes a
+# file name.
+ID, MAX_ID = re.compile(r"[^./\\\x00][^/\\\x00]*"), 128
+ID_RULE = "one file or folder name: no '/', '\\' or NUL, not starting with '.'"
 
 
 def run_id_problem(run_id: str) -> str | None:
     """Why `run_id` cannot name a run, or None."""
     if ID.fullmatch(run_id) and len(run_id) <= MAX_ID:
         return None
-    return f"run id {run_id[:MAX_ID]!r}: letters, digits, '.', '_' and '-', starting with a letter or digit, at most {MAX_ID}"
+    return f"run id {run_id[:MAX_ID]!r}: {ID_RULE}, at most {MAX_ID} characters"
 
 
 def runs_dir() -> Path:

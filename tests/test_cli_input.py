@@ -112,14 +112,14 @@ def test_a_pattern_or_a_duplicate_in_a_pair_list_is_refused(capsys, runs, argv, 
     assert f"error: {error}" in refused(capsys, runs, *argv)
 
 
-RUN_ID = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128"
+RUN_ID = "one file or folder name: no '/', '\\' or NUL, not starting with '.', at most 128 characters"
 
 
 @pytest.mark.parametrize("argv, error", [
     (["eval", "--run-id", "../outside"], f"argument --run-id: run id '../outside': {RUN_ID}"),
     (["coevolve", "--run-id", "/tmp/x"], f"argument --run-id: run id '/tmp/x': {RUN_ID}"),
     (["compare", "h0", "--run-id", ".."], f"argument --run-id: run id '..': {RUN_ID}"),
-    (["evolve-harness", "--run-id", "a b"], f"argument --run-id: run id 'a b': {RUN_ID}"),
+    (["evolve-harness", "--run-id", ".hidden"], f"argument --run-id: run id '.hidden': {RUN_ID}"),
     (["evolve-harness", "--run-id", "r" * 129], f"argument --run-id: run id '{'r' * 128}': {RUN_ID}"),
     (["report", "../../x"], f"argument RUN: run id '../../x': {RUN_ID}"),
 ])
