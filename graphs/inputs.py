@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import Field, StringConstraints, TypeAdapter, ValidationError
 
 from state.context import ConfigError
-from state.paths import ID, MAX_ID
+from state.paths import ID, ID_RULE, MAX_ID
 
 Id = Annotated[str, StringConstraints(pattern=f"^{ID.pattern}$", max_length=MAX_ID)]  # a run's or a pair's: a folder's name
 Ids = Annotated[list[Id], Field(min_length=1)]
@@ -43,4 +43,5 @@ def _problem(error: dict) -> str:
     if error["type"] == "missing":
         return f"{where}: required"
     got = repr(error["input"])
-    return f"{where}: {error['msg']} (got {got if len(got) <= 60 else got[:59] + '…'})"
+    what = f"Input should be {ID_RULE}" if error["type"] == "string_pattern_mismatch" else error["msg"]  # the one pattern: `Id`'s
+    return f"{where}: {what} (got {got if len(got) <= 60 else got[:59] + '…'})"

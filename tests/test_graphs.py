@@ -104,13 +104,14 @@ COEVOLUTION = {**HARNESS, "train": ["shop-reserve-drill"], "bench": [], "env": "
 
 
 @pytest.mark.parametrize("name, given, error", [
-    ("evaluate", {**EVALUATE, "run_id": "../../up"}, "evaluate input: run_id: String should match pattern"),
+    ("evaluate", {**EVALUATE, "run_id": "../../up"},
+     "evaluate input: run_id: Input should be one file or folder name: no '/', '\\' or NUL, not starting with '.' (got '../../up')"),
     ("evaluate", {**EVALUATE, "pair_ids": "shop-reserve-drill", "trials": 0},
      "evaluate input: pair_ids: Input should be a valid list (got 'shop-reserve-drill'); "
      "trials: Input should be greater than or equal to 1 (got 0)"),
     ("evaluate", {**EVALUATE, "sides": ["sideways"]}, "evaluate input: sides.0: Input should be 'act' or 'abstain' (got 'sideways')"),
     ("evaluate", {**EVALUATE, "pair_ids": ["no-such-pair"]}, "evaluate input: pair_ids: no pair 'no-such-pair' in"),
-    ("evaluate", {**EVALUATE, "pair_ids": ["../shop/pairs/shop-rescued"]}, "evaluate input: pair_ids.0: String should match pattern"),
+    ("evaluate", {**EVALUATE, "pair_ids": ["../shop/pairs/shop-rescued"]}, "evaluate input: pair_ids.0: Input should be one file or folder"),
     ("evaluate", {**EVALUATE, "bundle": "/"}, "/manifest.yaml: (file): a bundle's manifest; it does not exist"),
     ("certify", {"pair_ids": ["shop-rescued"], "rescue_budget": 0}, "certify input: rescue_budget: Input should be greater than or equal to 1"),
     ("fdcr", {"diagnosis": {"groups": "none"}, "harness": "H0", "rounds": -1, "review": True},
