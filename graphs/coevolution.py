@@ -41,7 +41,7 @@ from graphs import runner
 from graphs import env_evolution, harness_evolution
 from graphs.env_evolution import run_env_evolution
 from graphs.harness_evolution import run_harness_evolution
-from graphs.inputs import AtLeastOne, AtLeastZero, Id, Ids, Level, Name, Share, checked
+from graphs.inputs import AtLeastOne, AtLeastZero, Id, Ids, Level, Name, RunId, Share, checked
 from graphs.selection import GATE_LEVEL
 from roles.failure_analyst import analyse_failures, failure_records
 from state.context import ConfigError, Context
@@ -110,7 +110,7 @@ CONFIGS: dict[str, dict] = {
 
 
 class CoevolutionInput(TypedDict):
-    run_id: Id
+    run_id: RunId
     base: Name
     train: Ids
     validation: Ids

@@ -38,7 +38,7 @@ from envs.menu import Option, menu
 from envs.mutation import apply_mutation
 from envs.spec import SpecError, check_pair, shipped
 from graphs import runner
-from graphs.inputs import AtLeastOne, AtLeastZero, Id, Ids, Name, Share, checked
+from graphs.inputs import AtLeastOne, AtLeastZero, Ids, Name, RunId, Share, checked
 from harness.tool_sandbox import sandboxed_menu
 from roles.environment_designer import design_targets
 from roles.failure_analyst import diagnosis_text
@@ -199,7 +199,7 @@ proposal_graph = build_proposal().compile(name="proposal")
 
 
 class EnvEvolutionInput(TypedDict):
-    run_id: Id
+    run_id: RunId
     parents: Ids
     source: NotRequired[str]  # the directory the parents are loaded from (a built environment); default the run's catalog
     diagnosis: Diagnosis

@@ -48,7 +48,7 @@ from envs.spec import SpecError
 from envs.untrusted import EnvironmentFault
 from graphs import engine
 from graphs.episode import run_episode
-from graphs.inputs import AtLeastOne, Id, Ids, Name, checked
+from graphs.inputs import AtLeastOne, Ids, Name, RunId, checked
 from harness.bundle import hashed_bundle, load_bundle
 from harness.check import check_bundle
 from harness.tool_sandbox import ToolSandboxError
@@ -69,7 +69,7 @@ ON_EPISODE: contextvars.ContextVar[Callable[[EpisodeRecord], None] | None] = con
 
 
 class EvaluateInput(TypedDict):
-    run_id: Id
+    run_id: RunId
     bundle: Name
     pair_ids: Ids
     trials: AtLeastOne

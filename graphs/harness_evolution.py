@@ -32,7 +32,7 @@ from typing_extensions import NotRequired, TypedDict
 from envs.catalog import load_entry
 from graphs import fdcr, runner
 from graphs.episode import run_episode
-from graphs.inputs import AtLeastOne, AtLeastZero, Id, Ids, Level, Name, checked
+from graphs.inputs import AtLeastOne, AtLeastZero, Ids, Level, Name, RunId, checked
 from state.metrics import fraction
 from graphs.selection import GATE_LEVEL, SPLIT, gate_warning, judge
 from harness.bundle import bundle_diff, load_bundle
@@ -53,7 +53,7 @@ Rule = Literal["hera", "ecdysis"]
 
 
 class HarnessEvolutionInput(TypedDict):
-    run_id: Id
+    run_id: RunId
     base: Name
     pool: Ids
     validation: Ids
