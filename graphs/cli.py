@@ -965,7 +965,9 @@ def method_progress(bars: Progress | Lines) -> Callable[[str, str, dict], None]:
             for earlier in bars_of.values():  # methods run one after another: the ones before are done
                 bars.update(earlier, total=1, completed=1)
             bars_of[name] = bars.add_task(f"{name}: starting", total=None)
-            stages[name] = "scoring" if "static" in CONFIGS[name] else "setup"
+            # until a node ends the stage is not known: a resumed run may be anywhere (std16 read "setup" for 5 minutes
+            # of its panel's review)
+            stages[name] = "scoring" if "static" in CONFIGS[name] else "starting"
         if node == "episode":
             episodes[name] += 1
             text = f"{name}: {stages[name]} · episode {episodes[name]}: {value['episode']}/{value['side']} {mark(value)}"
