@@ -314,11 +314,11 @@ def kinds_table(cells: list[dict[str, EpisodeRecord]]) -> Table:
     side was solved (the task done, or the twin refused with the evidence)."""
     tally: Counter = Counter()
     for sides in cells:
-        kinds = {side: _kind(r) for side, r in sides.items()}  # "": solved (a task done, a twin refused with grounds)
-        for side, kind in kinds.items():
+        of_side = {side: _kind(r) for side, r in sides.items()}  # "": solved (a task done, a twin refused with grounds)
+        for side, kind in of_side.items():
             if kind not in ("", "—"):
                 tally[kind, side] += 1
-                tally[kind, "alone"] += kinds.get("abstain" if side == "act" else "act") == ""
+                tally[kind, "alone"] += of_side.get("abstain" if side == "act" else "act") == ""
     kinds = sorted({k for k, _ in tally}, key=lambda k: (-tally[k, "alone"], -tally[k, "act"] - tally[k, "abstain"], k))
     return Table(("failure kind", "act side", "abstain side", "the pair's other side solved"),
                  tuple((k, str(tally[k, "act"]), str(tally[k, "abstain"]), str(tally[k, "alone"])) for k in kinds),
