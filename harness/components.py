@@ -477,6 +477,18 @@ def _held_keys(output: Any) -> list[tuple[tuple[str, str], dict]]:
     return own + [k for v in output.values() if isinstance(v, list) for k in _held_keys(v)]
 
 
+def _listed_keys(output: Any) -> list[tuple[tuple[str, str], dict]]:
+    """The ids a record lists under a plural key field, each as the key one such record is read by ("order_ids":
+    ["CS-1"] gives ("order_id", "CS-1")), with the (nested) record that lists it, in order."""
+    if isinstance(output, list):
+        return [k for item in output for k in _listed_keys(item)]
+    if not isinstance(output, dict):
+        return []
+    own = [((f[:-1], str(x)), output) for f, v in output.items() if f.casefold().endswith("_ids") and isinstance(v, list)
+           for x in v if isinstance(x, (str, int)) and not isinstance(x, bool)]
+    return own + [k for v in output.values() if isinstance(v, list) for k in _listed_keys(v)]
+
+
 def _keys(output: Any) -> list[tuple[str, str]]:
     """The (field, value) record keys in a result, in order: what a detail lookup can take."""
     return [k for k, _ in _held_keys(output)]
@@ -512,7 +524,8 @@ class ResolveNamedEntities(Component):
     name = "resolve_named_entities"
     addresses = ('guessed_identifier', 'over_abstained', 'ungrounded_abstain')
     summary = ("before the first turn, looks up what the request names (people, records, codes) with the search tools, "
-               "reads the records that hold most of the request's words, and puts them in front of the agent with the request")
+               "reads the records that hold most of the request's words and those they list by id, and puts them in front of "
+               "the agent with the request")
 
     class Params(Record):
         max_lookups: int = Field(10, ge=1, le=30)
@@ -543,8 +556,9 @@ class ResolveNamedEntities(Component):
                 kept.setdefault(id(o), []).append(record)
                 best.append(record)
         found = [o for o in searches if id(o) in kept or not _rows(o.output)]  # a list of names, say, is shown whole
-        # each key is read in the order of the (nested) record it names: a patient's prescription the request names first
-        keyed = sorted((k for r in best for k in _held_keys(r)), key=lambda k: -held(asked, k[1]))
+        # each key is read in the order of the (nested) record it names: a patient's prescription the request names first;
+        # a record's own keys before the ids it lists (a customer's "order_ids", read by get_order's order_id)
+        keyed = sorted((k for r in best for k in (*_held_keys(r), *_listed_keys(r))), key=lambda k: -held(asked, k[1]))
         keys = list(dict.fromkeys(key for key, _ in keyed))
         details = 0
         for field, value in keys:

@@ -313,6 +313,28 @@ def test_resolve_named_entities_shows_the_records_holding_most_of_the_request_an
     assert [o.args for o in _read(v)] == [{"name": "Tou Nguyen"}, {"patient_id": "PT-1"}, {"rx_id": "RX-2"}]
 
 
+def test_resolve_named_entities_reads_the_records_a_found_record_lists_by_id():
+    tool = lambda name, field: ToolInfo(name=name, description="", read_only=True, input_schema={  # noqa: E731
+        "type": "object", "properties": {field: {"type": "string"}}, "required": [field]})
+    customer = {"customer_id": "C-1", "full_name": "Quentin Dunmore", "order_ids": ["CS-1", "CS-2"]}
+
+    async def lookup(name, args):
+        if name == "lookup_customer":
+            output = [customer] if args == {"query": "Quentin Dunmore"} else []
+        else:
+            output = {**args, "carrier": "UPS"}
+        v.observations.append(seen(name, args, output, source="harness"))
+        return v.observations[-1]
+
+    v = EpisodeView(instruction="On what day was Quentin Dunmore's jacket delivered? Can you tell me?", context="",
+                    tools=[tool("lookup_customer", "query"), tool("get_order", "order_id")], config=HarnessConfig(), prompts={},
+                    skills={}, lookup=lookup)
+    asyncio.run(ResolveNamedEntities({"max_details": 3}).initialize(v))
+    assert [(o.tool, o.args) for o in v.observations if o.tool == "get_order"] == [("get_order", {"order_id": "CS-1"}),
+                                                                                   ("get_order", {"order_id": "CS-2"})]
+    assert '- get_order({"order_id": "CS-2"}) -> {"order_id": "CS-2", "carrier": "UPS"}' in v.instruction
+
+
 def test_request_terms_drop_sentence_openers_and_split_two_names_joined_by_and():
     assert request_terms("We'd like to use Cascade Comfort Heating & Air. Before I call them, check their CCB-7 licence.") == [
         "CCB-7", "Cascade Comfort Heating & Air"]
