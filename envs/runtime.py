@@ -231,7 +231,8 @@ def _guarded(tool: Tool, params: dict[str, Any], db: sqlite_utils.Database) -> A
 
 
 def _json_plain(value: Any) -> Any:
+    """`value` as JSON gives it back; text no UTF-8 record can hold (a lone surrogate) is no JSON either."""
     try:
-        return json.loads(json.dumps(value))
-    except (TypeError, ValueError) as exc:
+        return json.loads(json.dumps(value, ensure_ascii=False).encode())
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise ToolError("internal_error", f"tool returned a value that is not JSON: {exc}") from None

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import BinaryIO, Iterator, Literal
 
 ROOT = Path(__file__).resolve().parent.parent
 Isolation = Literal["namespaces", "network", "none"]
@@ -206,6 +206,10 @@ class Child:
             reply = None
         if not isinstance(reply, dict):
             raise ChildError(f"the sandboxed child sent garbage: {line[:200]!r}")
+        from state.records import lone_surrogate  # here: a sandboxed child imports this module, and sees no state/
+
+        if (around := lone_surrogate(line.decode(errors="replace"), reply)) is not None:
+            raise ChildError(f"the sandboxed child sent text that is not Unicode (a lone surrogate, in {around!r})")
         return reply
 
     async def death(self) -> str:
@@ -229,6 +233,17 @@ class Child:
     async def _keep_stderr(self) -> None:
         while chunk := await self.proc.stderr.read(4096):
             self.stderr = (self.stderr + chunk)[-4000:]
+
+
+def private_stdio() -> tuple[BinaryIO, BinaryIO]:
+    """In a sandboxed child: its protocol's ends, private copies of stdin and stdout. Descriptor 0 then reads nothing
+    and descriptor 1 writes to stderr, so that what the untrusted code in it reads or prints (`os.write(1, ...)` too:
+    a line shaped like a reply would answer for it) stays out of the protocol."""
+    reader, writer = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    sys.stdin, sys.stdout = open(os.devnull), sys.stderr  # noqa: SIM115 (for the life of the child)
+    return reader, writer
 
 
 def stage(path: Path, workdir: Path, name: str = "bundle") -> Path:

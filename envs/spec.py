@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError, create_model
 from envs.errors import SpecError
 from envs.match import ANY
 from envs.untrusted import describe
-from state.records import Column, EnvironmentSpec, PairSpec, StateOp, TableSpec, ToolInfo, content_hash
+from state.records import Column, EnvironmentSpec, PairSpec, StateOp, TableSpec, ToolInfo, content_hash, lone_surrogate
 
 
 class _Loader(yaml.SafeLoader):
@@ -59,8 +59,9 @@ def read_text(path: Path) -> str:
 
 def read_json(path: Path) -> Any:
     """A JSON file as data; one that does not parse, or nests too deep to, is an error that names it."""
+    text = read_text(path)
     try:
-        return json.loads(read_text(path))
+        return _unicode_only(path, text, json.loads(text))
     except (json.JSONDecodeError, RecursionError) as exc:
         raise SpecError(path, "(syntax)", f"valid JSON ({exc})") from None
 
@@ -68,10 +69,18 @@ def read_json(path: Path) -> Any:
 def read_yaml(path: Path) -> Any:
     if not path.is_file():
         raise SpecError(path, "(file)", "a YAML file; it does not exist")
+    text = read_text(path)
     try:
-        return yaml.load(read_text(path), Loader=_Loader)
+        return _unicode_only(path, text, yaml.load(text, Loader=_Loader))
     except (yaml.YAMLError, RecursionError) as exc:
         raise SpecError(path, "(syntax)", f"valid YAML ({exc})") from None
+
+
+def _unicode_only(path: Path, text: str, value: Any) -> Any:
+    """`value`, unless an escape in `text` made a lone surrogate of it, which no UTF-8 record, request or log can hold."""
+    if (around := lone_surrogate(text, value)) is not None:
+        raise SpecError(path, "(syntax)", f"text that is Unicode (an escape makes a lone surrogate, in {around!r})")
+    return value
 
 
 def validation_error(path: Path, exc: ValidationError) -> SpecError:

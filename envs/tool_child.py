@@ -9,15 +9,15 @@ import sys
 from pathlib import Path
 
 from envs.runtime import EnvInstance
+from envs.sandbox import private_stdio
 from envs.spec import SpecError, _compile_tools, run_untrusted_here
 from state.records import EnvironmentSpec
 
 
 def _serve(path: str) -> None:
-    out = sys.stdout
-    sys.stdout = sys.stderr  # what the tools print stays out of the protocol
+    lines, out = private_stdio()
     instance = None
-    for line in sys.stdin:
+    for line in lines:
         request = json.loads(line)
         try:
             if instance is None:
@@ -31,18 +31,18 @@ def _serve(path: str) -> None:
             reply = {"value": value}
         except Exception as exc:  # escaped the runtime's guard: report it
             reply = {"error": f"{type(exc).__name__}: {exc}"}
-        out.write(json.dumps(reply) + "\n")
+        out.write(json.dumps(reply).encode() + b"\n")
         out.flush()
 
 
 def _describe(path: str, origin: str) -> None:
-    out = sys.stdout
-    sys.stdout = sys.stderr
+    _, out = private_stdio()
     try:
         reply = {"tools": [t.info.model_dump(mode="json") for t in _compile_tools(Path(path).read_text(), origin).values()]}
     except SpecError as exc:
         reply = {"field": exc.field, "expected": exc.expected}
-    out.write(json.dumps(reply) + "\n")
+    out.write(json.dumps(reply).encode() + b"\n")
+    out.flush()
 
 
 if __name__ == "__main__":

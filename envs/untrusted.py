@@ -24,6 +24,8 @@ import time
 from functools import lru_cache
 from typing import Any
 
+from pydantic import ValidationError
+
 from envs.errors import SpecError
 from envs.sandbox import die_with_parent, kill, run_sandboxed, sandbox_command, scratch, workspace
 from state.records import EnvironmentSpec, Observation, ToolInfo
@@ -74,7 +76,13 @@ class ToolProcess:
     def call(self, name: str, args: dict[str, Any]) -> Observation:
         """One tool call; a fault (now or earlier) is an `internal_error` observation."""
         try:
-            return Observation.model_validate(self._request({"op": "call", "tool": name, "args": args}, self.call_timeout_s))
+            reply = self._request({"op": "call", "tool": name, "args": args}, self.call_timeout_s)
+            try:
+                return Observation.model_validate(reply)
+            except ValidationError:
+                self.fault = f"broke the protocol: answered {json.dumps(reply, default=str)[:200]}, which is no tool result"
+                kill(self._proc.pid)
+                raise EnvironmentFault(self.fault) from None
         except EnvironmentFault as exc:
             return Observation(tool=name, args=args, ok=False, error_code="internal_error", message=f"{name}: {exc}")
 

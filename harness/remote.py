@@ -51,7 +51,7 @@ from harness.abi import (
     call_hook,
 )
 from harness.bundle import Bundle, load_bundle
-from envs.sandbox import Child, ChildError, scratch, stage
+from envs.sandbox import Child, ChildError, private_stdio, scratch, stage
 from state.records import Observation, ToolInfo
 
 _PUBLIC = ("instruction", "context", "tools")
@@ -241,11 +241,7 @@ class _Channel:
     """The protocol's private ends of stdin and stdout: what a hook prints goes to stderr."""
 
     def __init__(self) -> None:
-        self.reader = os.fdopen(os.dup(0), "rb")
-        self.writer = os.fdopen(os.dup(1), "wb")
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(2, 1)
-        sys.stdin, sys.stdout = open(os.devnull), sys.stderr  # noqa: SIM115 (for the life of the child)
+        self.reader, self.writer = private_stdio()
 
     def send(self, message: dict) -> None:
         self.write(json.dumps(message))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from functools import cached_property, lru_cache
 from typing import Any, Literal
 
@@ -41,6 +42,34 @@ def scalars(value: Any) -> list[str]:
     if isinstance(value, (list, tuple)):
         return [s for v in value for s in scalars(v)]
     return [] if value is None or isinstance(value, bool) else [str(value)]
+
+
+def unicode_text(value: Any) -> Any:
+    """`value` (dicts, lists and tuples walked, keys too) with every lone surrogate made U+FFFD: what a JSON escape
+    such as "\\ud83d" cut from its pair decodes to, which no UTF-8 record, journal, request or log can hold."""
+    if isinstance(value, str):
+        return value if value.isascii() else value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if isinstance(value, dict):
+        return {unicode_text(k): unicode_text(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(unicode_text(v) for v in value)
+    return value
+
+
+# An escape of a UTF-16 surrogate (JSON's \ud800, YAML's \U0000d800 too): how data read from UTF-8 text holds one
+SURROGATE_ESCAPE = re.compile(r"\\(?:u|U0000)[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def lone_surrogate(text: str, value: Any) -> str | None:
+    """The text around a lone surrogate in `value`, the data read from the JSON or YAML `text`; None when it holds
+    none (an escaped pair is one character, and fine)."""
+    if not SURROGATE_ESCAPE.search(text):
+        return None
+    try:
+        json.dumps(value, ensure_ascii=False, default=str).encode()
+    except UnicodeEncodeError as exc:
+        return exc.object[max(0, exc.start - 30):exc.end + 30]
+    return None
 
 
 def canonical_json(value: Any) -> str:

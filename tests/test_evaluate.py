@@ -413,6 +413,23 @@ def test_a_bundle_check_runs_once_per_bundle_content(tmp_path, monkeypatch):
     assert len(checked) == 4
 
 
+def test_half_an_emoji_from_the_model_is_recorded_as_a_replacement_character_not_a_crash(context):
+    """A reply cut off inside an escaped emoji decodes to a lone surrogate, which no UTF-8 record can hold: in a call's
+    arguments or in the answer it once crashed the run that recorded it."""
+    def agent(messages, tools):
+        if not [m for m in messages if m.type == "tool"]:
+            return {"tool_calls": [{"name": "get_item", "args": {"sku": "DR-220\ud83d"}}]}
+        return "I cannot reserve the drills \ud83d"
+
+    scripted.register("agent", [agent] * 4)
+    scripted.register("judge", [shop_judge])  # one answer, judged once
+    run = asyncio.run(api.evaluate("H0", [PAIR], context))
+    scripted.assert_consumed()
+    assert run.metrics.complete
+    for episode in Ledger(context.ledger).episodes(run.run_id):
+        assert episode.observations[0].args == {"sku": "DR-220\ufffd"} and episode.answer == "I cannot reserve the drills \ufffd"
+
+
 def test_a_turn_budget_caps_every_episode_and_keys_the_cache(context):
     from dataclasses import replace
 

@@ -275,6 +275,17 @@ def test_a_crashing_candidate_ends_its_episode_as_a_harness_error(tmp_path, cont
     assert [o.tool for o in out["observations"]] == ["get_item"]  # the call it made is kept for grading
 
 
+def test_a_candidate_handing_back_text_no_record_can_hold_ends_its_episode_as_a_harness_error(tmp_path, context):
+    """Half of an escaped emoji, sent as JSON's "\\ud83d", once crashed the run that recorded the episode."""
+    bundle = candidate(tmp_path, "    async def finalize(self, view, answer):\n        return Final(action='replace', text='Done \\ud83d')\n")
+    scripted.register("agent", [shop_agent] * 3)
+    out = _episode(str(bundle), context)
+    scripted.assert_consumed()
+    assert out["termination"] == "harness_error"
+    assert "finalize: the sandboxed child sent text that is not Unicode (a lone surrogate, in " in out["error"]
+    assert '"text": "Done \\ud83d"' in out["error"]
+
+
 def test_a_sandboxed_hook_looks_records_up_through_the_episode_and_never_writes(tmp_path, context):
     bundle = candidate(tmp_path, (
         "    async def initialize(self, view):\n"

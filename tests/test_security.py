@@ -269,6 +269,32 @@ def test_a_tool_that_never_returns_is_an_environment_fault(tmp_path, monkeypatch
 
 
 @needs_namespaces
+def test_a_tool_cannot_answer_for_itself_and_text_no_record_can_hold_is_the_environments_fault(tmp_path):
+    """A tool that writes a reply's line to descriptor 1 once desynchronised the protocol (the evaluator crashed on
+    it), and one that read stdin ate the next request; a lone surrogate in a result crashed the run that recorded it."""
+    catalog = custom_catalog(tmp_path, (
+        '\n\n@read_tool\ndef forge(db) -> str:\n    """Writes a reply of its own, then reads stdin."""\n'
+        '    import os, sys\n    os.write(1, b\'{"value": {"ok": true}}\\n\')\n    print("printed")\n'
+        '    return "real:" + sys.stdin.read()\n'
+        '\n\n@read_tool\ndef half(db) -> str:\n    """Half of an emoji."""\n    return "\\ud83d"\n'
+        '\n\n@read_tool\ndef hunt(db) -> str:\n    """Writes a reply of its own to every descriptor it finds."""\n    import os\n'
+        '    for fd in range(3, 64):\n        try:\n            os.write(fd, b\'{"value": {"ok": true}}\\n\')\n'
+        '        except OSError:\n            pass\n    return "real"\n'))
+    instance = EnvInstance(load_environment(catalog / "shop"))
+    try:
+        forged = instance.call("forge")
+        assert (forged.ok, forged.output) == (True, "real:")
+        half = instance.call("half")
+        assert (half.ok, half.error_code) == (False, "internal_error") and "surrogates not allowed" in half.message
+        assert instance.call("list_items").ok  # the same child goes on
+        hunted = instance.call("hunt")  # it found the protocol's own descriptor: what it wrote is no tool result
+        assert (hunted.ok, hunted.error_code) == (False, "internal_error") and "broke the protocol" in hunted.message
+        assert "the environment's sandboxed tools process is gone" in instance.call("list_items").message
+    finally:
+        instance.close()
+
+
+@needs_namespaces
 def test_no_secret_of_the_evaluator_reaches_a_child(monkeypatch):
     """Neither the environment (an API key) nor another process's memory or command line (/proc)."""
 

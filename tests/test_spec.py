@@ -133,6 +133,24 @@ def test_a_yaml_alias_is_refused_where_it_is(shop_dir, shop):
     assert "found an alias (*v), which these files do not take" in info.value.expected and "line 7, column 28" in info.value.expected
 
 
+@pytest.mark.parametrize("name,old,bad,good", [
+    ("rows/items.json", '"Hand saw"', '"Hand saw \\ud83d"', '"Hand saw \\ud83d\\ude00"'),
+    ("pairs/shop-reserve-drill.yaml", "instruction: Reserve", 'instruction: "\\U0000DC00" # Reserve', 'instruction: "\\U0001F600" # Reserve'),
+])
+def test_an_escape_that_makes_a_lone_surrogate_is_named(shop_dir, shop, name, old, bad, good):
+    """Half of an escaped emoji is text no UTF-8 record, request or log can hold: the file is refused when it loads,
+    not the run that would write it down; an escaped pair is one character, and loads."""
+    path, text = shop_dir / name, (shop_dir / name).read_text()
+    load = (lambda: load_environment(shop_dir)) if name.endswith(".json") else (lambda: load_pair(path, shop))
+    path.write_text(text.replace(old, bad, 1))
+    with pytest.raises(SpecError) as info:
+        load()
+    assert (info.value.path, info.value.field) == (str(path), "(syntax)")
+    assert info.value.expected.startswith("text that is Unicode (an escape makes a lone surrogate, in")
+    path.write_text(text.replace(old, good, 1))
+    assert "\U0001F600" in json.dumps(load().model_dump(), ensure_ascii=False)
+
+
 @pytest.mark.parametrize("name", ["rows/items.json", "pairs/shop-reserve-drill.yaml"])
 def test_a_file_nested_too_deep_to_parse_is_named(shop_dir, shop, name):
     path = shop_dir / name

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from typing import Any, Coroutine, TypeVar
 
 import httpx
@@ -34,7 +35,7 @@ from roles.models.local import QWEN_CODER_1_5B
 from roles.models.openai import IDLE_TIMEOUT_S, OpenAICompatibleModel, local_base_url, local_slot
 from roles.models.scripted import ScriptedModel
 from state.journal import Items, journaled
-from state.records import ToolInfo, UsageRecord
+from state.records import ToolInfo, UsageRecord, unicode_text
 
 __all__ = ["KINDS", "ChatModel", "Completion", "ContextLimitError", "InfrastructureError", "chat_model", "check_messages", "cost_usd",
            "endpoint_down", "endpoint_problem", "reset_endpoints"]
@@ -149,6 +150,14 @@ def reset_endpoints(*specs: str) -> None:
         _unreachable.pop(spec, None)
 
 
+def _unicode_message(message: AIMessage) -> AIMessage:
+    """A model's reply as text every record can hold (`unicode_text`): a reply cut off inside an escaped emoji holds half
+    of it."""
+    fields = ("content", "tool_calls", "invalid_tool_calls", "additional_kwargs", "response_metadata")
+    text = {f: unicode_text(getattr(message, f)) for f in fields}
+    return message if all(text[f] == getattr(message, f) for f in fields) else message.model_copy(update=text)
+
+
 def _tool_json(tool: ToolInfo) -> dict[str, Any]:
     return tool.model_dump(mode="json")
 
@@ -182,8 +191,11 @@ class JournaledModel:
             data = json.loads(text)
             return Completion(AIMessage.model_validate(data["message"]), UsageRecord.model_validate(data["usage"]), data["truncated"])
 
-        return await self._watched(journaled(request, lambda: self.model.complete(
-            messages, tools, max_tokens=max_tokens, temperature=temperature, action_mode=action_mode), dump, load))
+        async def call() -> Completion:
+            done = await self.model.complete(messages, tools, max_tokens=max_tokens, temperature=temperature, action_mode=action_mode)
+            return replace(done, message=_unicode_message(done.message))
+
+        return await self._watched(journaled(request, call, dump, load))
 
     async def structured(self, messages: list[BaseMessage], schema: type[BaseModel]) -> tuple[BaseModel, UsageRecord]:
         request = self._request("structured", messages, schema=schema.model_json_schema())
@@ -195,7 +207,13 @@ class JournaledModel:
             data = json.loads(text)
             return schema.model_validate(data["value"]), UsageRecord.model_validate(data["usage"])
 
-        return await self._watched(journaled(request, lambda: self.model.structured(messages, schema), dump, load))
+        async def call() -> tuple[BaseModel, UsageRecord]:
+            value, usage = await self.model.structured(messages, schema)
+            dumped = value.model_dump()
+            text = unicode_text(dumped)
+            return (value if text == dumped else schema.model_validate(text)), usage
+
+        return await self._watched(journaled(request, call, dump, load))
 
     async def _watched(self, call: Coroutine[Any, Any, T]) -> T:
         """`call`, counted against its endpoint: not made while the endpoint is down, a failure to reach it
