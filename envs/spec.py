@@ -354,11 +354,17 @@ def _tool(origin: str, name: str, fn: Callable, read_only: bool) -> Tool:
     doc = inspect.getdoc(fn) or ""
     if not _summary(doc):
         raise SpecError(origin, f"{name}.__doc__", "a docstring describing the tool to the agent")
+    if inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        # called, it would hand back a coroutine or a generator: every call an internal_error
+        raise SpecError(origin, f"{name}(...)", "a plain function that returns its result (not async def, not a generator)")
     sig = inspect.signature(fn)
     params = list(sig.parameters.values())
     if not params or params[0].name != "db":
         raise SpecError(origin, f"{name}(...)", "'db' as the first parameter (the episode database)")
-    hints = typing.get_type_hints(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:  # an annotation naming what the module does not define
+        raise SpecError(origin, f"{name}(...)", f"type annotations that resolve ({type(exc).__name__}: {exc})") from None
     docs = _arg_docs(doc)
     fields: dict[str, Any] = {}
     for p in params[1:]:

@@ -93,6 +93,19 @@ def test_tool_without_annotation(shop_dir):
     assert e.field == "get_item(sku)" and "type annotation" in e.expected
 
 
+@pytest.mark.parametrize("before,after,expected", [
+    ("def get_item(db, sku: str)", "async def get_item(db, sku: str)", "a plain function that returns its result"),
+    ("def get_item(db, sku: str)", "def get_item(db, sku: 'Sku')", "type annotations that resolve (NameError: name 'Sku' is not defined)"),
+])
+def test_a_tool_no_call_could_use_is_named_when_it_loads(shop_dir, before, after, expected):
+    """Called, an async tool hands back a coroutine (each call an internal_error); an annotation naming nothing once
+    raised a NameError out of the loader."""
+    path = shop_dir / "tools.py"
+    path.write_text(path.read_text().replace(before, after))
+    e = error(shop_dir)
+    assert (e.field, e.expected.startswith(expected)) == ("get_item(...)", True)
+
+
 def test_tool_module_that_does_not_import(shop_dir):
     (shop_dir / "tools.py").write_text("import not_a_module\n")
     assert error(shop_dir).field == "(module)"
