@@ -421,13 +421,17 @@ def test_half_an_emoji_from_the_model_is_recorded_as_a_replacement_character_not
             return {"tool_calls": [{"name": "get_item", "args": {"sku": "DR-220\ud83d"}}]}
         return "I cannot reserve the drills \ud83d"
 
+    def judge(messages, schema):  # a structured reply, quoting the answer as it was sent
+        return {"verdict": "declines_all", "quote": "I cannot reserve the drills \ud83d", "reason": "declines"}
+
     scripted.register("agent", [agent] * 4)
-    scripted.register("judge", [shop_judge])  # one answer, judged once
+    scripted.register("judge", [judge])  # one answer, judged once
     run = asyncio.run(api.evaluate("H0", [PAIR], context))
     scripted.assert_consumed()
     assert run.metrics.complete
     for episode in Ledger(context.ledger).episodes(run.run_id):
         assert episode.observations[0].args == {"sku": "DR-220\ufffd"} and episode.answer == "I cannot reserve the drills \ufffd"
+        assert episode.grade.quote == "I cannot reserve the drills \ufffd"
 
 
 def test_a_turn_budget_caps_every_episode_and_keys_the_cache(context):

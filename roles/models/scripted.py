@@ -210,7 +210,8 @@ class ScriptedModel:
             raise InfrastructureError("malformed", f"step {index + 1} is not a valid {schema.__name__}: "
                                                    f"{error.errors()[0]['msg']}", self.spec) from error
         prompt = "".join(text_of(m.content) for m in messages)
-        return value, self._usage(prompt, value.model_dump_json())
+        # model_dump_json's text, without encoding it: a lone surrogate in a value is the caller's to handle
+        return value, self._usage(prompt, json.dumps(value.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")))
 
     def _message(self, index: int, step: Any) -> AIMessage:
         if isinstance(step, AIMessage):
