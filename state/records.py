@@ -46,13 +46,19 @@ def scalars(value: Any) -> list[str]:
 
 def unicode_text(value: Any) -> Any:
     """`value` (dicts, lists and tuples walked, keys too) with every lone surrogate made U+FFFD: what a JSON escape
-    such as "\\ud83d" cut from its pair decodes to, which no UTF-8 record, journal, request or log can hold."""
+    such as "\\ud83d" cut from its pair decodes to, which no UTF-8 record, journal, request or log can hold. `value`
+    itself when it holds none."""
     if isinstance(value, str):
-        return value if value.isascii() else value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        if value.isascii():
+            return value
+        text = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return value if text == value else text
     if isinstance(value, dict):
-        return {unicode_text(k): unicode_text(v) for k, v in value.items()}
+        pairs = [(unicode_text(k), unicode_text(v)) for k, v in value.items()]
+        return value if all(a is k and b is v for (a, b), (k, v) in zip(pairs, value.items())) else dict(pairs)
     if isinstance(value, (list, tuple)):
-        return type(value)(unicode_text(v) for v in value)
+        items = [unicode_text(v) for v in value]
+        return value if all(a is v for a, v in zip(items, value)) else type(value)(items)
     return value
 
 

@@ -155,7 +155,7 @@ def _unicode_message(message: AIMessage) -> AIMessage:
     of it."""
     fields = ("content", "tool_calls", "invalid_tool_calls", "additional_kwargs", "response_metadata")
     text = {f: unicode_text(getattr(message, f)) for f in fields}
-    return message if all(text[f] == getattr(message, f) for f in fields) else message.model_copy(update=text)
+    return message if all(text[f] is getattr(message, f) for f in fields) else message.model_copy(update=text)
 
 
 def _tool_json(tool: ToolInfo) -> dict[str, Any]:
@@ -211,7 +211,7 @@ class JournaledModel:
             value, usage = await self.model.structured(messages, schema)
             dumped = value.model_dump()
             text = unicode_text(dumped)
-            return (value if text == dumped else schema.model_validate(text)), usage
+            return (value if text is dumped else schema.model_validate(text)), usage
 
         return await self._watched(journaled(request, call, dump, load))
 
