@@ -248,9 +248,11 @@ def private_stdio() -> tuple[BinaryIO, BinaryIO]:
 
 def stage(path: Path, workdir: Path, name: str = "bundle") -> Path:
     """A copy of the directory `path` in a sandbox's working directory: the
-    original may sit under a hidden directory or one the child cannot enter."""
+    original may sit under a hidden directory or one the child cannot enter. A
+    symbolic link is copied as a link, never followed: its target stays as
+    hidden as it is."""
     copy = workdir / name
-    shutil.copytree(path, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(path, copy, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     return copy
 
 

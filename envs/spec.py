@@ -92,9 +92,10 @@ def validation_error(path: Path, exc: ValidationError) -> SpecError:
 _PY_TYPES = {"text": str, "integer": int, "real": (int, float), "boolean": bool, "json": object}
 
 
-def files_signature(path: Path | str) -> tuple:
+def files_signature(path: Path | str, links: bool = True) -> tuple:
     """What changes when any file under `path` changes: names, sizes, mtimes (one stat a file; `__pycache__` is not
-    walked into). Every episode's pair and bundle are checked against it, so it stays cheap."""
+    walked into). Every episode's pair and bundle are checked against it, so it stays cheap. Without `links`, a
+    symbolic link under `path` is an error naming it."""
     path = Path(path)
     if path.is_file():
         stat = path.stat()
@@ -102,6 +103,9 @@ def files_signature(path: Path | str) -> tuple:
     found = []
     for root, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
+        if not links and (linked := next((n for n in dirs + files if os.path.islink(os.path.join(root, n))), None)):
+            raise SpecError(Path(root, linked), "(file)", "a file or folder of its own, not a symbolic link (one could "
+                                                          "reach what the sandbox hides)")
         for name in files:
             try:
                 stat = os.stat(os.path.join(root, name))

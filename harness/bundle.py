@@ -92,7 +92,7 @@ def resolve_bundle(name: str | Path) -> Path:
 def load_bundle(name: str | Path) -> Bundle:
     """The validated bundle, reloaded only when one of its files changes."""
     path = resolve_bundle(name).resolve()
-    bundle = _load_bundle(path, files_signature(path))
+    bundle = _load_bundle(path, files_signature(path, links=False))
     _hashed[str(name), bundle.hash] = bundle
     return bundle
 

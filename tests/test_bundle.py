@@ -4,9 +4,10 @@ import shutil
 
 import pytest
 
-from envs.spec import SpecError
+from envs.spec import SpecError, load_environment
 from harness.bundle import BUNDLES, bundle_diff, load_bundle, resolve_bundle
 from harness.check import check_bundle
+from tests.conftest import FIXTURES
 
 
 def copy(tmp_path, name="H0"):
@@ -115,13 +116,19 @@ def test_bad_config_and_missing_prompt(tmp_path):
 
 
 def test_a_directory_without_a_manifest_is_not_walked_as_a_bundle(tmp_path):
-    """A mistyped path (`/`, say) is refused by its missing manifest before its files are listed, and a bundle's file
-    that cannot be read (a link to nothing) is named."""
+    """A mistyped path (`/`, say) is refused by its missing manifest before its files are listed; a bundle's link is
+    named (tests/test_security.py: one could reach what the sandbox hides), and so is an environment's file that
+    cannot be read (a link to nothing)."""
     with pytest.raises(SpecError, match="manifest.yaml: \\(file\\): a bundle's manifest; it does not exist"):
         load_bundle(tmp_path)
     bundle = tmp_path / "b"
     shutil.copytree(resolve_bundle("H0"), bundle)
     (bundle / "skills").mkdir(exist_ok=True)
     (bundle / "skills" / "gone.md").symlink_to(tmp_path / "nowhere.md")
-    with pytest.raises(SpecError, match="gone.md: \\(file\\): a readable file \\(No such file or directory\\)"):
+    with pytest.raises(SpecError, match="gone.md: \\(file\\): a file or folder of its own, not a symbolic link"):
         load_bundle(bundle)
+    env = tmp_path / "shop"
+    shutil.copytree(FIXTURES / "shop", env)
+    (env / "rows" / "gone.json").symlink_to(tmp_path / "nowhere.json")
+    with pytest.raises(SpecError, match="gone.json: \\(file\\): a readable file \\(No such file or directory\\)"):
+        load_environment(env)

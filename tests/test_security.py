@@ -21,7 +21,7 @@ import pytest
 from envs import sandbox
 from envs.runtime import EnvInstance
 from envs.sandbox import ROOT, isolation, run_sandboxed, scratch
-from envs.spec import load_environment
+from envs.spec import SpecError, load_environment
 from graphs.cli import main
 from harness.bundle import load_bundle
 from harness.remote import SandboxedHarness
@@ -93,6 +93,28 @@ def test_no_hook_reads_a_planted_answer(tmp_path, planted):
 
     assert asyncio.run(compose()) == ",".join(["FileNotFoundError", "OperationalError", "FileNotFoundError",
                                                "FileNotFoundError", "FileNotFoundError"])
+
+
+@needs_namespaces
+def test_a_bundles_symbolic_link_never_carries_a_label_into_the_sandbox(tmp_path, capsys):
+    """Staging once followed a bundle's links: a link to a pair's file put its answer and verifier in front of the hooks."""
+    label = FIXTURES / "shop" / "pairs" / "shop-reserve-drill.yaml"
+    bundle = candidate(tmp_path, "    def compose_instructions(self, view):\n"
+                                 "        import pathlib\n        here = pathlib.Path(__file__).parent / 'notes.yaml'\n"
+                                 "        return here.read_text() if here.exists() else 'nothing there'\n")
+    (bundle / "notes.yaml").symlink_to(label.resolve())
+    with pytest.raises(SpecError) as info:
+        load_bundle(bundle)
+    assert (info.value.path, info.value.field) == (str(bundle / "notes.yaml"), "(file)")
+    assert main(["--catalog", str(FIXTURES), "--ledger", str(tmp_path / "ledger.db"), "eval", "--pairs", "shop-reserve-drill",
+                 "--harness", str(bundle), "--model", "scripted:agent"]) == 2
+    assert "notes.yaml: (file): a file or folder of its own, not a symbolic link" in capsys.readouterr().err
+    # staged anyway (a link made after the bundle was loaded): the link is copied as a link, and leads nowhere there
+    with sandbox.workspace("test") as tmp:
+        copy = sandbox.stage(bundle, tmp)
+        assert (copy / "notes.yaml").is_symlink()
+        done = run_sandboxed(["-c", "import pathlib, sys; print(pathlib.Path(sys.argv[1]).exists())", str(copy / "notes.yaml")], cwd=tmp)
+    assert done.stdout.strip() == "False"
 
 
 @needs_namespaces
