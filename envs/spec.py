@@ -160,12 +160,21 @@ def _load_environment(directory: Path, signature: tuple) -> EnvironmentSpec:
     return spec
 
 
+# A table's or column's name: what a reference (`-> table.column`) can name, and a rows file's; SQLite keeps sqlite_*
+NAME = re.compile(r"(?!sqlite_)\w+", re.IGNORECASE)
+NAME_RULE = "letters, digits and '_', not starting with 'sqlite_'"
+
+
 def _table(path: Path, name: str, body: Any) -> TableSpec:
     where = f"tables.{name}"
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise SpecError(path, where, f"a table name of {NAME_RULE} (got {name!r})")
     if not isinstance(body, dict) or not isinstance(body.get("columns"), dict):
         raise SpecError(path, f"{where}.columns", "a mapping of column name to type")
     columns = []
     for col, decl in body["columns"].items():
+        if not isinstance(col, str) or not NAME.fullmatch(col):
+            raise SpecError(path, f"{where}.columns.{col}", f"a column name of {NAME_RULE} (got {col!r})")
         match = re.fullmatch(r"(text|integer|real|boolean|json)(\?)?(?:\s*->\s*(\w+\.\w+))?", str(decl).strip())
         if not match:
             raise SpecError(

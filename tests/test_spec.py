@@ -79,6 +79,19 @@ def test_bad_column_type(shop_dir):
     assert e.path.endswith("environment.yaml") and e.field == "tables.items.columns.stock"
 
 
+@pytest.mark.parametrize("old,new,field", [
+    ("  items:\n", '  "../../elsewhere":\n', "tables.../../elsewhere"),  # the rows file it names is outside the folder
+    ("  items:\n", "  sqlite_stat1:\n", "tables.sqlite_stat1"),  # SQLite's own: once an OperationalError at the first episode
+    ("      stock: integer", '      "st]ock": integer', "tables.items.columns.st]ock"),
+    ("      stock: integer", "      7: integer", "tables.items.columns.7"),
+])
+def test_a_table_or_column_name_no_reference_could_name_is_refused(shop_dir, old, new, field):
+    path = shop_dir / "environment.yaml"
+    path.write_text(path.read_text().replace(old, new, 1))
+    e = error(shop_dir)
+    assert (e.path, e.field) == (str(path), field) and "letters, digits and '_', not starting with 'sqlite_'" in e.expected
+
+
 def test_tool_without_docstring(shop_dir):
     path = shop_dir / "tools.py"
     path.write_text(path.read_text().replace('"""Lists every item with its sku and name."""', "pass"))
