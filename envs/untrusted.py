@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from envs.errors import SpecError
 from envs.sandbox import die_with_parent, kill, run_sandboxed, sandbox_command, scratch, workspace
-from state.records import EnvironmentSpec, Observation, ToolInfo
+from state.records import EnvironmentSpec, Observation, ToolInfo, lone_surrogate
 
 CALL_TIMEOUT_S = float(os.environ.get("HERA_TOOL_TIMEOUT_S", 30))
 STARTUP_S = 60.0  # starting the sandboxed interpreter and building the database, on a loaded machine
@@ -101,7 +101,10 @@ class ToolProcess:
         try:
             self._proc.stdin.write(json.dumps(message).encode() + b"\n")
             self._proc.stdin.flush()
-            reply = json.loads(self._line(timeout_s))
+            line = self._line(timeout_s)
+            reply = json.loads(line)
+            if (around := lone_surrogate(line.decode(errors="replace"), reply)) is not None:
+                raise EnvironmentFault(f"broke the protocol: sent text that is not Unicode (a lone surrogate, in {around!r})")
         except (BrokenPipeError, OSError, json.JSONDecodeError, EnvironmentFault) as exc:
             self.fault = str(exc) if isinstance(exc, EnvironmentFault) else self._death()
             kill(self._proc.pid)
