@@ -27,6 +27,7 @@ from pydantic import Field, ValidationError, create_model
 from envs.errors import SpecError
 from envs.match import ANY
 from envs.untrusted import describe
+from state.paths import ID, ID_RULE
 from state.records import Column, EnvironmentSpec, PairSpec, StateOp, TableSpec, ToolInfo, content_hash, lone_surrogate
 
 
@@ -440,6 +441,8 @@ def check_pair(path: Path, pair: PairSpec, env: EnvironmentSpec) -> None:
     """A pair names only tools, tables and columns of its environment; raises SpecError naming the field."""
     if pair.id != path.stem:
         raise SpecError(path, "id", f"{path.stem!r}, the file's name (got {pair.id!r})")
+    if not ID.fullmatch(pair.id):  # a file's name, yet no id `hera eval --pairs` or a graph could name
+        raise SpecError(path, "id", f"{ID_RULE} (got {pair.id!r})")
     if pair.environment != env.id:
         raise SpecError(path, "environment", f"{env.id!r}, the environment of this folder (got {pair.environment!r})")
     tools = tool_infos(env)

@@ -13,11 +13,11 @@ from typing import Annotated, Any
 from pydantic import Field, StringConstraints, TypeAdapter, ValidationError
 
 from state.context import ConfigError
-from state.paths import ID, ID_RULE, MAX_ID
+from state.paths import ID_PATTERN, ID_RULE, MAX_ID
 
-Id = Annotated[str, StringConstraints(pattern=f"^{ID.pattern}$")]  # a pair's: its file's name
+Id = Annotated[str, StringConstraints(pattern=f"^{ID_PATTERN}$")]  # a pair's: its file's name
 Ids = Annotated[list[Id], Field(min_length=1)]
-RunId = Annotated[str, StringConstraints(pattern=f"^{ID.pattern}$", max_length=MAX_ID)]
+RunId = Annotated[str, StringConstraints(pattern=f"^{ID_PATTERN}$", max_length=MAX_ID)]
 Name = Annotated[str, StringConstraints(min_length=1)]
 AtLeastOne = Annotated[int, Field(ge=1)]
 AtLeastZero = Annotated[int, Field(ge=0)]

@@ -12,8 +12,12 @@ CATALOG = Path(__file__).resolve().parent.parent / "envs" / "catalog"  # the bui
 # A run's or a pair's id names a file or folder (under the runs root, in a catalog): one name, never a path, `.` or `..`
 # (nor a hidden file). A run id given is at most MAX_ID long, so that a sub-run's (the id and a suffix) still makes a
 # file name.
-ID, MAX_ID = re.compile(r"[^./\\\x00][^/\\\x00]*"), 128
-ID_RULE = "one file or folder name: no '/', '\\' or NUL, not starting with '.'"
+# No control character either (a newline would forge a progress line), nor an undecodable byte: a surrogate in Python's
+# text, which no UTF-8 record can hold (`ID_PATTERN` leaves those out for pydantic, which refuses them by itself and
+# whose regex engine has none).
+_ID = r"[^./\\\x00-\x1f\x7f{0}][^/\\\x00-\x1f\x7f{0}]*"
+ID, ID_PATTERN, MAX_ID = re.compile(_ID.format(r"\ud800-\udfff")), _ID.format(""), 128
+ID_RULE = "one file or folder name: no '/', '\\', control character or undecodable byte, not starting with '.'"
 
 
 def run_id_problem(run_id: str) -> str | None:

@@ -112,7 +112,8 @@ def test_a_pattern_or_a_duplicate_in_a_pair_list_is_refused(capsys, runs, argv, 
     assert f"error: {error}" in refused(capsys, runs, *argv)
 
 
-RUN_ID = "one file or folder name: no '/', '\\' or NUL, not starting with '.', at most 128 characters"
+RUN_ID = ("one file or folder name: no '/', '\\', control character or undecodable byte, not starting with '.', at most "
+          "128 characters")
 
 
 @pytest.mark.parametrize("argv, error", [
@@ -122,6 +123,9 @@ RUN_ID = "one file or folder name: no '/', '\\' or NUL, not starting with '.', a
     (["evolve-harness", "--run-id", ".hidden"], f"argument --run-id: run id '.hidden': {RUN_ID}"),
     (["evolve-harness", "--run-id", "r" * 129], f"argument --run-id: run id '{'r' * 128}': {RUN_ID}"),
     (["report", "../../x"], f"argument RUN: run id '../../x': {RUN_ID}"),
+    # a byte the file system's encoding cannot decode (argv holds it as a surrogate): once a UnicodeEncodeError traceback
+    (["eval", "--run-id", "ab\udcffc"], f"argument --run-id: run id 'ab\\udcffc': {RUN_ID}"),
+    (["eval", "--run-id", "a\n[00:00:01] end"], f"argument --run-id: run id 'a\\n[00:00:01] end': {RUN_ID}"),
 ])
 def test_a_run_id_that_is_not_one_folder_name_is_refused(capsys, runs, argv, error):
     """A run id names folders under the runs root (a co-evolution's catalog, which a restart deletes and copies again)."""

@@ -105,7 +105,8 @@ COEVOLUTION = {**HARNESS, "train": ["shop-reserve-drill"], "bench": [], "env": "
 
 @pytest.mark.parametrize("name, given, error", [
     ("evaluate", {**EVALUATE, "run_id": "../../up"},
-     "evaluate input: run_id: Input should be one file or folder name: no '/', '\\' or NUL, not starting with '.' (got '../../up')"),
+     "evaluate input: run_id: Input should be one file or folder name: no '/', '\\', control character or undecodable byte, "
+     "not starting with '.' (got '../../up')"),
     ("evaluate", {**EVALUATE, "pair_ids": "shop-reserve-drill", "trials": 0},
      "evaluate input: pair_ids: Input should be a valid list (got 'shop-reserve-drill'); "
      "trials: Input should be greater than or equal to 1 (got 0)"),

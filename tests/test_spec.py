@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from envs.spec import SpecError, load_environment, load_pair
+from state.paths import ID_RULE
 from tests.conftest import FIXTURES
 
 
@@ -175,6 +176,15 @@ def test_an_escape_that_makes_a_lone_surrogate_is_named(shop_dir, shop, name, ol
     assert info.value.expected.startswith("text that is Unicode (an escape makes a lone surrogate, in")
     path.write_text(text.replace(old, good, 1))
     assert "\U0001F600" in json.dumps(load().model_dump(), ensure_ascii=False)
+
+
+def test_a_pair_file_named_what_no_id_can_be_is_named(shop_dir, shop):
+    """A control character in a pair's file name and id: listed, yet refused by every command that takes a pair id."""
+    path = shop_dir / "pairs" / "shop-\x01odd.yaml"
+    path.write_text((shop_dir / "pairs" / "shop-rescued.yaml").read_text().replace("id: shop-rescued", 'id: "shop-\\x01odd"'))
+    with pytest.raises(SpecError) as info:
+        load_pair(path, shop)
+    assert (info.value.field, info.value.expected) == ("id", f"{ID_RULE} (got 'shop-\\x01odd')")
 
 
 @pytest.mark.parametrize("name", ["rows/items.json", "pairs/shop-reserve-drill.yaml"])
