@@ -67,7 +67,7 @@ from state.evolution import LineageEntry
 from state.ledger import Ledger, LedgerError
 from state.store import StoreError, redacted
 from state.paths import ID, RunPaths, run_id_problem
-from state.records import CATEGORIES, Certification, EpisodeRecord, Grade
+from state.records import CATEGORIES, Certification, EpisodeRecord, Grade, unicode_text
 
 console = Console(stderr=True)
 
@@ -1236,8 +1236,14 @@ def announce(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else list(argv)
+    # A byte the file system's encoding cannot decode reaches argv as a surrogate: text no record, prompt or log can
+    # hold (a --theme of it once failed every model call of the build as a malformed reply)
+    if undecodable := next((a for a in given if unicode_text(a) is not a), None):
+        say(f"[red]error:[/] argument {escape(repr(undecodable))} holds bytes that are not UTF-8; hera's arguments are text")
+        return 2
     args = parser().parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else list(argv)
+    args.argv = given
     if args.store:  # read by every store the run opens, in this process and in the processes it starts
         os.environ["HERA_STORE"] = args.store
     if args.ledger and os.environ.get("HERA_STORE"):

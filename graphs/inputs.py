@@ -14,6 +14,7 @@ from pydantic import Field, StringConstraints, TypeAdapter, ValidationError
 
 from state.context import ConfigError
 from state.paths import ID_PATTERN, ID_RULE, MAX_ID
+from state.records import unicode_text
 
 Id = Annotated[str, StringConstraints(pattern=f"^{ID_PATTERN}$")]  # a pair's: its file's name
 Ids = Annotated[list[Id], Field(min_length=1)]
@@ -28,8 +29,11 @@ Level = Annotated[float, Field(gt=0.0, le=1.0)]  # a test's level
 def checked(schema: type, state: Mapping[str, Any], graph: str) -> dict[str, Any]:
     """The keys of `schema` in `state`, validated and typed."""
     keys = schema.__required_keys__ | schema.__optional_keys__
+    given = {k: state[k] for k in keys if k in state}
+    if bad := [k for k, v in given.items() if unicode_text(v) is not v]:  # JSON's "\ud83d" alone: no record can hold it
+        raise ConfigError(f"{graph} input: " + "; ".join(f"{k}: text that is not Unicode (half of a character)" for k in bad))
     try:
-        return _adapter(schema).validate_python({k: state[k] for k in keys if k in state})
+        return _adapter(schema).validate_python(given)
     except ValidationError as exc:
         raise ConfigError(f"{graph} input: " + "; ".join(_problem(e) for e in exc.errors())) from None
 

@@ -123,13 +123,20 @@ RUN_ID = ("one file or folder name: no '/', '\\', control character or undecodab
     (["evolve-harness", "--run-id", ".hidden"], f"argument --run-id: run id '.hidden': {RUN_ID}"),
     (["evolve-harness", "--run-id", "r" * 129], f"argument --run-id: run id '{'r' * 128}': {RUN_ID}"),
     (["report", "../../x"], f"argument RUN: run id '../../x': {RUN_ID}"),
-    # a byte the file system's encoding cannot decode (argv holds it as a surrogate): once a UnicodeEncodeError traceback
-    (["eval", "--run-id", "ab\udcffc"], f"argument --run-id: run id 'ab\\udcffc': {RUN_ID}"),
-    (["eval", "--run-id", "a\n[00:00:01] end"], f"argument --run-id: run id 'a\\n[00:00:01] end': {RUN_ID}"),
+    (["eval", "--run-id", "a\n[00:00:01] end"], f"argument --run-id: run id 'a\\n[00:00:01] end': {RUN_ID}"),  # a forged line
 ])
 def test_a_run_id_that_is_not_one_folder_name_is_refused(capsys, runs, argv, error):
     """A run id names folders under the runs root (a co-evolution's catalog, which a restart deletes and copies again)."""
     assert f"error: {error}" in refused(capsys, runs, *argv)
+
+
+@pytest.mark.parametrize("argv", [["eval", "--run-id", "ab\udcffc"], ["envs", "build", "--theme", "caf\udce9", "--out", "x"]])
+def test_an_argument_that_is_not_utf8_is_refused_before_anything_runs(capsys, runs, argv):
+    """A byte the file system's encoding cannot decode reaches argv as a surrogate: a run id of it was a UnicodeEncodeError
+    traceback once the ledger recorded it, a theme of it failed every model call of the build as a malformed reply."""
+    assert main(["--ledger", str(runs / "ledger.db"), *argv]) == 2
+    assert f"holds bytes that are not UTF-8; hera's arguments are text" in capsys.readouterr().err
+    assert not (runs / "ledger.db").exists()
 
 
 def test_an_unknown_pair_is_still_named(capsys, runs):
