@@ -115,14 +115,27 @@ def test_episodes_are_taken_in_the_planned_order_at_most_concurrency_attempts_at
             ended.append((request.trial, request.side))
 
     async def attempted(entry, request, *args, **kwargs):
+        """Counted as holding its place from its start until it gives the place back (`LEAVE`) or ends."""
         started.append((request.trial, request.side))
         flight["now"] += 1
         flight["most"] = max(flight["most"], flight["now"])
+        leave, left = evaluate_graph.LEAVE.get(), []
+
+        def leaving():
+            if not left:
+                left.append(True)
+                flight["now"] -= 1
+                flight["left before the end"] += 1
+            leave()
+
+        token = evaluate_graph.LEAVE.set(leaving)
         try:
             await asyncio.sleep(0.01)  # the others start now if the bound lets them
             return await attempt(entry, request, *args, **kwargs)
         finally:
-            flight["now"] -= 1
+            evaluate_graph.LEAVE.reset(token)
+            if not left:
+                flight["now"] -= 1
 
     monkeypatch.setattr(evaluate_graph, "episode_worker", counted)
     monkeypatch.setattr(evaluate_graph, "_attempt", attempted)
@@ -135,8 +148,9 @@ def test_episodes_are_taken_in_the_planned_order_at_most_concurrency_attempts_at
     scripted.assert_consumed("agent")
     assert run.metrics.complete and run.metrics.counts["pair"] == 3
     assert taken == started == [(t, side) for t in range(3) for side in ("act", "abstain")]
-    # two attempts at once, and the next episodes already in hand (claimed) beside them
-    assert flight["most"] == 2 and flight["most in hand"] == 4
+    # two attempts holding a place at once, and the next episodes already in hand (claimed) beside them; each attempt
+    # gave its place back once its model calls were done, before its replay ended
+    assert flight["most"] == 2 and flight["most in hand"] == 4 and flight["left before the end"] == 6
     # each record reaches the caller right after its episode ends, not with the others at the run's end
     assert sorted(key for key, _ in told) == sorted(taken) and [n for _, n in told] == list(range(1, 7))
 
