@@ -4,7 +4,8 @@
 by environment; `episodes` runs one `EpisodeTask` per pair × side × trial, in
 that order, at most the caller's `max_concurrency` attempts at once (with
 `AHEAD` times as many episodes in hand, so that the claims and records of the
-others go on beside them), each through
+others go on beside them; an attempt's place is given back once its model
+calls are done, while its replay finishes), each through
 `episode_worker`, which reuses a finished episode from the rollout cache (the
 ledger) or runs, grades and stores it, re-running infrastructure errors, and
 runs nothing more once a model's endpoint is down
