@@ -696,14 +696,10 @@ class CheckChangeMade(Component):
     # call at all, one of them saying the change was approved
     addresses = ('over_abstained', 'no_change', 'wrong_answer')
     summary = ("when the agent answers without any state-changing call having succeeded (a refusal, or a reply that says "
-               "the change was made), asks it once whether the request needed a change it has not made yet; not when the "
-               "request only asks for a report (\"can you tell me\")")
+               "the change was made), asks it once whether the request needed a change it has not made yet")
 
     async def finalize(self, view, answer):
-        # A question is not asked about: std16's candidate was asked on 4 requests that only asked for a report ("Can
-        # you tell me?"); 3 gave the same answer again and 1 broke off its answer ("I called lookup_customer({").
-        if (not _writes(view) or _committed(view) or view.memory.get("asked_change_made")
-                or reports_only(view.instruction.split(LOOKED_UP)[0])):
+        if not _writes(view) or _committed(view) or view.memory.get("asked_change_made"):
             return None
         view.memory["asked_change_made"] = True
         changes = ", ".join(sorted(_writes(view)))

@@ -398,12 +398,6 @@ def test_check_change_made_asks_once_when_nothing_was_changed():
     assert asyncio.run(c.finalize(v, "Issued.")) is None
     done = small_view(seen("issue_permit", {"permit_id": "BP-7"}, {"ok": True}, read_only=False))
     assert asyncio.run(CheckChangeMade().finalize(done, "Issued.")) is None
-    # a request that only asks for a report is answered as it is
-    question = small_view(seen("get_permit", {"permit_id": "BP-7"}, {"status": "open"}),
-                          instruction="Ana Ruiz wants to know whether her permit is open. Can you tell me?")
-    assert asyncio.run(CheckChangeMade().finalize(question, "It is open.")) is None
-    asked = small_view(instruction="Ana Ruiz's permit is approved. Can you issue it and tell me the fee?")
-    assert asyncio.run(CheckChangeMade().finalize(asked, "It is open.")).action == "revise"
 
 
 def test_unseen_values_are_the_answers_numbers_dates_and_ids_no_source_holds():
