@@ -1238,7 +1238,7 @@ def announce(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else list(argv)
     # A byte the file system's encoding cannot decode reaches argv as a surrogate: text no record, prompt or log can
-    # hold (a --theme of it once failed every model call of the build as a malformed reply)
+    # hold (a run id of it stopped `hera eval` with a traceback; sent to a model, a call fails as a malformed reply)
     if undecodable := next((a for a in given if unicode_text(a) is not a), None):
         say(f"[red]error:[/] argument {escape(repr(undecodable))} holds bytes that are not UTF-8; hera's arguments are text")
         return 2

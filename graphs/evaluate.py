@@ -337,7 +337,11 @@ async def _attempt(entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context
     # the place 34 ms an episode. A replay that fails makes the attempt an infrastructure error whatever the judge said.
     replay = asyncio.ensure_future(asyncio.to_thread(deterministic_grade, entry, request.side, trajectory["observations"],
                                                      trajectory["answer"], trajectory["messages"]))
-    judged = await asyncio.gather(_judge(entry.pair.task.instruction.strip(), trajectory["answer"], ctx, ledger), return_exceptions=True)
+    try:
+        judged = await asyncio.gather(_judge(entry.pair.task.instruction.strip(), trajectory["answer"], ctx, ledger), return_exceptions=True)
+    except BaseException:  # cancelled: the replay's result is nobody's
+        replay.cancel()
+        raise
     LEAVE.get()()
     outcomes = [*await asyncio.gather(replay, return_exceptions=True), *judged]
     for outcome in outcomes:

@@ -133,7 +133,7 @@ def test_a_run_id_that_is_not_one_folder_name_is_refused(capsys, runs, argv, err
 @pytest.mark.parametrize("argv", [["eval", "--run-id", "ab\udcffc"], ["envs", "build", "--theme", "caf\udce9", "--out", "x"]])
 def test_an_argument_that_is_not_utf8_is_refused_before_anything_runs(capsys, runs, argv):
     """A byte the file system's encoding cannot decode reaches argv as a surrogate: a run id of it was a UnicodeEncodeError
-    traceback once the ledger recorded it, a theme of it failed every model call of the build as a malformed reply."""
+    traceback once the ledger recorded it, and a theme of it, sent to a model, fails each call as a malformed reply."""
     assert main(["--ledger", str(runs / "ledger.db"), *argv]) == 2
     assert f"holds bytes that are not UTF-8; hera's arguments are text" in capsys.readouterr().err
     assert not (runs / "ledger.db").exists()

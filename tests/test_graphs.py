@@ -124,7 +124,7 @@ COEVOLUTION = {**HARNESS, "train": ["shop-reserve-drill"], "bench": [], "env": "
     ("coevolution", {**COEVOLUTION, "tau": 1.5, "mode": "guess"},
      "coevolution input: tau: Input should be less than or equal to 1 (got 1.5); mode: Input should be 'fdcr', 'aggregate' or 'serial'"),
     ("coevolution", {**COEVOLUTION, "train": ["no-such-pair"]}, "coevolution input: no pair 'no-such-pair' in"),
-    # JSON's "\ud83d" alone, in text a model would be asked about: every call of the build a malformed reply
+    # JSON's "\ud83d" alone, in text a model would be asked about: sent to a model, each call fails as a malformed reply
     ("construct", {"theme": "caf\ud83d", "out": "o", "tasks": 1, "max_attempts": 1, "max_turns": 1},
      "construct input: theme: text that is not Unicode (half of a character)"),
     ("episode", {"request": {"pair_id": "shop-reserve-drill", "side": "sideways", "bundle": "H0"}},
