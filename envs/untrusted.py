@@ -80,9 +80,7 @@ class ToolProcess:
             try:
                 return Observation.model_validate(reply)
             except ValidationError:
-                self.fault = f"broke the protocol: answered {json.dumps(reply, default=str)[:200]}, which is no tool result"
-                kill(self._proc.pid)
-                raise EnvironmentFault(self.fault) from None
+                raise self._gone(f"broke the protocol: answered {json.dumps(reply, default=str)[:200]}, which is no tool result") from None
         except EnvironmentFault as exc:
             return Observation(tool=name, args=args, ok=False, error_code="internal_error", message=f"{name}: {exc}")
 
@@ -106,12 +104,16 @@ class ToolProcess:
             if (around := lone_surrogate(line.decode(errors="replace"), reply)) is not None:
                 raise EnvironmentFault(f"broke the protocol: sent text that is not Unicode (a lone surrogate, in {around!r})")
         except (BrokenPipeError, OSError, json.JSONDecodeError, EnvironmentFault) as exc:
-            self.fault = str(exc) if isinstance(exc, EnvironmentFault) else self._death()
-            kill(self._proc.pid)
-            raise EnvironmentFault(self.fault) from None
+            raise self._gone(str(exc) if isinstance(exc, EnvironmentFault) else self._death()) from None
         if "error" in reply:
             raise EnvironmentFault(reply["error"])
         return reply.get("value")
+
+    def _gone(self, why: str) -> EnvironmentFault:
+        """The child is no longer trusted to answer: killed, and every later call the fault `why`."""
+        self.fault = why
+        kill(self._proc.pid)
+        return EnvironmentFault(why)
 
     def _line(self, timeout_s: float) -> bytes:
         deadline = time.monotonic() + timeout_s
