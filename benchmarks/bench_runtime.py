@@ -241,7 +241,7 @@ def main() -> None:
     parser.add_argument("--engine-episodes", type=int, default=512, help="episodes of each engine run (a run of a few seconds: shorter ones are mostly start-up noise)")
     parser.add_argument("--engine-concurrency", type=int, nargs="*", default=[16, 32],
                         help="attempts in flight, on the engine and in one process alike, each a run of its own: a task carries "
-                             "an even share of them for each worker thread (at most 16): at 16 on 2 workers of 2 threads, 4")
+                             "an even share of them for each worker process (at most 16): at 16 on 2 workers, 8")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every measurement (medians reported): CPU figures move by "
                                                                 "a third from run to run on a shared 2-core machine")
     parser.add_argument("--json", action="store_true")

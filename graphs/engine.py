@@ -3,7 +3,7 @@
 `run_attempt` runs one attempt of an episode and returns its record; the caller (the evaluate graph's
 `episode_worker`) keeps the claim, the rollout cache, the ledger writes and the re-runs. With an engine the
 attempts that are ready at the same time go to the cluster as Dask tasks, `attempts`, each carrying an even
-share of the attempts in flight for one of the cluster's worker threads (`_Batch`): a worker process loads each
+share of the attempts in flight for one of the cluster's worker processes (`_Batch`): a worker process loads each
 pair, opens the ledger (the judge's cached verdicts) and runs, grades and judges the episodes through the same
 function as in process, at once on its loop, with the coordinator's `HERA_*` settings and under each attempt's
 call-journal scope. A worker that dies mid-task (killed, out of memory, its machine gone) has the task run again
@@ -56,7 +56,7 @@ REMOTE = re.compile(r"tcp://(\[[0-9a-fA-F:]+\]|[^\s/:\[\]]+):(\d{1,5})")
 BATCH = 16  # attempts a task carries at most
 GATHER_S = 0.02  # how long a ready attempt waits for fewer than `_Batch.share` others to be ready
 THREADS_PER_WORKER = 2  # a LocalCluster worker's task slots: it takes its next task while its last one's results travel
-SLOTS_TTL_S = 10.0  # how long the cluster's count of worker threads is trusted (workers join and leave)
+WORKERS_TTL_S = 10.0  # how long the cluster's count of workers is trusted (workers join and leave)
 THREADS = 4  # an event loop's pool for blocking work (`bound_pool`)
 
 _clusters: dict[int, LocalCluster] = {}
@@ -113,7 +113,7 @@ def close() -> None:
             cluster.close()
         _clients.clear()
         _clusters.clear()
-        _slots.clear()
+        _workers.clear()
 
 
 async def run_attempt(run: Attempt, entry: Entry, request: EpisodeRequest, key: EpisodeKey, ctx: Context, ledger: Ledger,
@@ -151,7 +151,10 @@ class _Lost(Exception):
 class _Batch:
     """The attempts of one loop for one engine, sent as tasks: Dask's scheduler and messages cost a task about as
     much CPU as a worker's episode, so a task carries what is ready at once, up to an even share of the attempts in
-    flight for each of the cluster's worker threads (`share`, `BATCH` at most), or what is ready after `GATHER_S`.
+    flight for each of the cluster's worker processes (`share`, `BATCH` at most), or what is ready after `GATHER_S`.
+    A share for each worker thread instead (tasks of 4 at 16 in flight on 2 workers of 2 threads) cost the workers
+    0.8 ms more CPU an episode and the coordinator 0.7 ms more (medians of 3 rounds of `bench_runtime.py`'s engine
+    rows): Dask's scheduling and messages for twice the tasks.
     A worker runs its tasks' attempts at once, on its loop; a task whose worker dies is run again whole on another
     worker (its records come back once, from the run that finished)."""
 
@@ -186,14 +189,14 @@ class _Batch:
             asyncio.get_running_loop().create_task(self._tasks(sent))
 
     async def _tasks(self, sent: list[tuple[Job, asyncio.Future]]) -> None:
-        """`sent` as tasks of `share` attempts, with the share made again from the cluster's worker threads."""
+        """`sent` as tasks of `share` attempts, with the share made again from the cluster's workers."""
         try:
-            dask, slots = await asyncio.to_thread(_cluster, self.engine)
+            dask, workers = await asyncio.to_thread(_cluster, self.engine)
         except BaseException as exc:  # no client: every attempt sent gets it
             self.out -= len(sent)
             _deliver(sent, [exc] * len(sent))
             return
-        self.share = max(1, min(BATCH, -(-self.peak // slots)))
+        self.share = max(1, min(BATCH, -(-self.peak // workers)))
         await asyncio.gather(*(self._task(dask, sent[i:i + self.share]) for i in range(0, len(sent), self.share)))
 
     async def _task(self, dask: Client, sent: list[tuple[Job, asyncio.Future]]) -> None:
@@ -228,15 +231,15 @@ def _deliver(sent: list[tuple[Job, asyncio.Future]], results: list) -> None:
             future.set_result(result)
 
 
-_slots: dict[str, tuple[float, int]] = {}
+_workers: dict[str, tuple[float, int]] = {}
 
 
 def _cluster(engine: str) -> tuple[Client, int]:
-    """The client of `engine` and its cluster's worker threads (asked again after `SLOTS_TTL_S`; blocking)."""
+    """The client of `engine` and its cluster's count of workers (asked again after `WORKERS_TTL_S`; blocking)."""
     dask = client(engine)
-    seen = _slots.get(engine)
-    if seen is None or time.monotonic() - seen[0] > SLOTS_TTL_S:
-        seen = _slots[engine] = (time.monotonic(), max(1, sum(dask.nthreads().values())))
+    seen = _workers.get(engine)
+    if seen is None or time.monotonic() - seen[0] > WORKERS_TTL_S:
+        seen = _workers[engine] = (time.monotonic(), max(1, len(dask.nthreads())))
     return dask, seen[1]
 
 

@@ -65,9 +65,9 @@ def test_episodes_on_the_engine_are_graded_and_scored_as_in_process(cluster, con
     assert sorted((a["side"], a["status"]) for a in attempts) == [("abstain", "done"), ("act", "done")]
 
 
-def test_attempts_ready_together_go_to_the_cluster_in_an_even_share_for_each_worker_thread(cluster, context, tmp_path, monkeypatch):
+def test_attempts_ready_together_go_to_the_cluster_in_an_even_share_for_each_worker(cluster, context, tmp_path, monkeypatch):
     """Dask's scheduler and messages cost a task about what a worker's episode costs: the attempts that are ready at
-    the same time share tasks, one share for each of the cluster's worker threads (2 workers × 2 threads here), and
+    the same time share tasks, one share for each of the cluster's worker processes (2 here, of 2 threads), and
     each comes back with its own record. A later evaluation on the same loop makes its share from its own attempts in
     flight, not from the last one's."""
     monkeypatch.setattr(engine, "GATHER_S", 0.5)  # every attempt of a run is ready well within it
@@ -83,7 +83,7 @@ def test_attempts_ready_together_go_to_the_cluster_in_an_even_share_for_each_wor
 
     first, sent, run = asyncio.run(both())
     assert submitted[:sent] == [1, 1] and first.metrics.complete
-    assert submitted[sent:] == [2, 2, 2, 2]  # 8 in flight over 4 worker threads
+    assert submitted[sent:] == [4, 4]  # 8 in flight over 2 workers
     assert run.metrics.complete and run.metrics.counts["pair"] == 4
     assert sorted((e.key.side, e.key.trial, e.status) for e in run.episodes) == [
         (side, trial, "done") for side in ("abstain", "act") for trial in range(4)]
@@ -98,7 +98,7 @@ async def fails_on_the_act_side(entry, request, key, ctx, ledger, episode_id, th
 
 def test_an_attempt_that_raises_fails_its_own_episode_not_the_others_of_its_task(cluster, context, monkeypatch):
     monkeypatch.setattr(engine, "GATHER_S", 0.5)  # both attempts ready together,
-    monkeypatch.setitem(engine._slots, ENGINE, (float("inf"), 1))  # on one worker thread: one task
+    monkeypatch.setitem(engine._workers, ENGINE, (float("inf"), 1))  # on one worker: one task
     remote = Context(**{**context.__dict__, "engine": ENGINE})
     entry = load_entry(PAIR, remote.catalog)
 
