@@ -901,11 +901,98 @@ class AnswerFromResults(Component):
                                            "show, say that it is missing instead of giving a value.")
 
 
+def _fields(value: Any) -> Iterable[tuple[str, Any]]:
+    """The (name, value) of each field of a JSON-like value that holds a scalar, a null or an empty list or record,
+    nested records and lists walked."""
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _fields(v)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(v, (dict, list, tuple)) and v:
+                yield from _fields(v)
+            else:
+                yield str(k), v
+
+
+def asked_fields(request: str, observations: Iterable[Observation]) -> list[tuple[str, str, Any]]:
+    """The (tool, field, value) of the results' fields every word of whose name the request uses, compared by their
+    first five letters ("verified_monthly_income" for "the verified monthly income we hold", "employer" for "the name
+    of her employer"); words of two letters ("id") left out of the name."""
+    asked = {w[:5] for w in _words(request)}
+    found = []
+    for o in observations:
+        for name, value in _fields(o.output if o.ok else None):
+            words = [w[:5] for w in re.split(r"[\W_]+", name.casefold()) if len(w) > 2]
+            if words and all(w in asked for w in words):
+                found.append((o.tool, name, value))
+    return found
+
+
+ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ][\d:.]+Z?)?")
+MONTHS = "january february march april may june july august september october november december".split()
+
+
+def _said(value: Any, text: str) -> bool:
+    """Whether `text` gives `value`: its words in order, each of its value-like tokens ("3,530.25" for 3530.25), or,
+    for a date, its year, month (number or name) and day ("March 7, 2026" for 2026-03-07)."""
+    value, words = str(value), set(re.sub(r"(?<=\d)(?:st|nd|rd|th)\b", "", _squash(text)).split())
+    tokens = {t.casefold() for t in _values(value)}
+    if f" {_squash(value)} " in f" {_squash(text)} " or tokens and tokens <= {t.casefold() for t in _values(text)}:
+        return True
+    date = ISO_DATE.fullmatch(value)
+    if not date or not 1 <= int(date[2]) <= 12:
+        return False
+    year, month, day = date[1], int(date[2]), int(date[3])
+    return year in words and bool({str(day), f"{day:02d}"} & words) and bool(
+        {str(month), f"{month:02d}", MONTHS[month - 1], MONTHS[month - 1][:3]} & words)
+
+
+# An answer saying that what was asked is not there ("is not listed in the output", "were not found", "does not hold
+# any verified monthly income"): over recorded episodes, what a small model said of fields the results held.
+ABSENT = re.compile(r"\b(?:not|never|no longer|n't)\b[^.;]{0,40}?\b(?:list|provid|found|find|availab|held|hold|ha(?:ve|s)|giv|show|"
+                    r"includ|contain|record|specif|mention|present|exist|on file)|\bno\b[^.;]{0,30}?\b(?:record|information|"
+                    r"data|detail|result)s?\b|\bmissing\b|\bunable to (?:find|locate|determine)\b", re.IGNORECASE)
+
+
+class PointToAskedFields(Component):
+    name = "point_to_asked_fields"
+    addresses = ('over_abstained', 'wrong_answer')
+    summary = ("when the final answer says that what the request asks for is not there while a result the agent read "
+               "holds it under a field the request names (an employer, a monthly income), with one value and none of those "
+               "fields empty, names the fields and their values and sends the answer back once")
+
+    class Params(Record):
+        fields: int = Field(6, ge=1, le=12, description="how many fields it names at most")
+
+    async def finalize(self, view, answer):
+        if view.memory.get("pointed_to_fields") or not ABSENT.search(answer):
+            return None
+        request = view.instruction.split(LOOKED_UP)[0]
+        found = asked_fields(request, _read(view))
+        if not found or any(v is None or v == "" or v == [] or v == {} for _, _, v in found):  # the results show one missing
+            return None
+        values: dict[str, set[str]] = {}
+        for _, name, value in found:
+            values.setdefault(name, set()).add(str(value))
+        if any(len(v) > 1 for v in values.values()):  # records that differ on it: which one is meant is not for it to say
+            return None
+        given = [(tool, name, value) for tool, name, value in found if not isinstance(value, bool) and not _said(value, request)]
+        if not given or any(_said(value, answer) for _, _, value in given):
+            return None
+        view.memory["pointed_to_fields"] = True
+        held = "; ".join(f"{tool}: {name} = {str(value)[:120]}" for tool, name, value in list(dict.fromkeys(given))[:self.params.fields])
+        return Final(action="revise", text=f"The results you read hold what the request asks for ({held}). Give your final "
+                                           "answer from them, unless a result shows the request cannot be carried out as "
+                                           "asked; then say which result and why.")
+
+
 LIBRARY: dict[str, type[Component]] = {c.name: c for c in (
     LookBeforeAct, StopOnNegativeEvidence, SuppressDuplicateCalls, CheckBeforeCommit, FlagMultipleMatches,
     CheckRelatedAuthorization, ConfirmFinalDecision, GroundIdentifiers, OneWritePerTurn, RefuseFailedRepeat,
     CompactObservations, ResolveNamedEntities, StopOnIndistinctMatches, ReaskUnparsedCalls, ReadBeforeWrite,
     CallBeforeAnswering, CheckChangeMade, CiteBlockingEvidence, FollowThrough, ReportTheChange, AnswerFromResults,
+    PointToAskedFields,
 )}
 ComponentName = Literal[tuple(LIBRARY)]  # type: ignore[valid-type]
 

@@ -20,6 +20,7 @@ from harness.components import (
     CompactObservations,
     GroundIdentifiers,
     OneWritePerTurn,
+    PointToAskedFields,
     ReadBeforeWrite,
     ReaskUnparsedCalls,
     RefuseFailedRepeat,
@@ -41,6 +42,7 @@ from harness.components import (
     StopOnNegativeEvidence,
     SuppressDuplicateCalls,
     _read,
+    _said,
     stepped_in,
 )
 from state.records import Observation, ToolInfo
@@ -414,6 +416,48 @@ def test_answer_from_results_sends_an_invented_value_back_once():
     assert final.action == "revise" and final.text.startswith("Your answer gives RC-5531, which no tool result shows")
     assert asyncio.run(AnswerFromResults().finalize(v, "Permit BP-7 is issued; fee 120, receipt RC-5531.")) is None  # once
     assert asyncio.run(AnswerFromResults().finalize(small_view(seen("get_permit", {}, {"fee": 120})), "The fee is 120.")) is None
+
+
+ASKS = ("Chloe Kowalski has asked about raising her overdraft limit, and the lending team wants the verified monthly "
+        "income we hold for her and the name of her employer. What are they?")
+
+
+def customer(**fields) -> Observation:
+    return seen("get_customer", {"customer_id": "C-100162"}, {"customer_id": "C-100162", "name": "Chloe Kowalski",
+                                                           "employer": "University of Sheffield", "verified_monthly_income": 3530.25,
+                                                           "accounts": [{"account_id": "HV-2", "status": "active"}]} | fields)
+
+
+def test_point_to_asked_fields_answers_a_claim_that_what_the_results_hold_is_not_there_once():
+    """std16's bench: the customer record the harness had put in front of the agent held both values the request
+    asked for, and the agent answered that the bank holds neither."""
+    absent = "The lending team does not hold any verified monthly income or name of the employer for Chloe Kowalski."
+    v = small_view(customer(), instruction=ASKS)
+    final = asyncio.run(PointToAskedFields().finalize(v, absent))
+    assert final.action == "revise"
+    assert "get_customer: employer = University of Sheffield; get_customer: verified_monthly_income = 3530.25)" in final.text
+    assert "Chloe Kowalski" not in final.text and "HV-2" not in final.text  # what the request gives, and fields it does not name
+    assert asyncio.run(PointToAskedFields().finalize(v, absent)) is None  # once
+    assert asyncio.run(stepped_in(PointToAskedFields(), small_view(instruction=ASKS), [customer()], absent)) is True  # no model asked
+    for answer in ("Her employer is the University of Sheffield.", "She earns £3,530.25 a month.",  # a value given
+                   "Chloe works at a university and earns well."):  # nothing said to be missing
+        assert asyncio.run(PointToAskedFields().finalize(small_view(customer(), instruction=ASKS), answer)) is None
+    twins = (customer(verified_monthly_income=None),  # the field the twin empties: the results show it missing
+             customer(employer=""))
+    for twin in twins:
+        assert asyncio.run(PointToAskedFields().finalize(small_view(twin, instruction=ASKS), absent)) is None
+    two = seen("get_customer", {"customer_id": "C-2"}, {"customer_id": "C-2", "employer": "Acme", "verified_monthly_income": 3530.25})
+    assert asyncio.run(PointToAskedFields().finalize(small_view(customer(), two, instruction=ASKS), absent)) is None  # which one?
+    failed = seen("get_customer", {"customer_id": "C-100162"}, ok=False, code="not_found")
+    assert asyncio.run(PointToAskedFields().finalize(small_view(failed, instruction=ASKS), absent)) is None
+
+
+def test_a_value_is_said_in_its_own_words_its_tokens_or_a_dates_parts():
+    assert _said("University of Sheffield", "She works at the university of Sheffield.")
+    assert _said(3530.25, "£3,530.25 a month") and _said(104.0, "an eGFR of 104 mL/min")
+    assert _said("2026-03-07", "collected on March 7, 2026") and _said("2026-03-07T10:00:00", "on the 7th of Mar 2026")
+    assert not _said("2026-03-07", "collected on March 8, 2026") and not _said("12", "in 2012")
+    assert not _said("2026-13-07", "on 7 13 2026")  # no month 13
 
 
 def test_cite_blocking_evidence_accepts_a_refusal_only_with_a_quote_from_a_result():
