@@ -972,11 +972,8 @@ class PointToAskedFields(Component):
         found = asked_fields(request, _read(view))
         if not found or any(v is None or v == "" or v == [] or v == {} for _, _, v in found):  # the results show one missing
             return None
-        values: dict[str, set[str]] = {}
-        for _, name, value in found:
-            values.setdefault(name, set()).add(str(value))
-        if any(len(v) > 1 for v in values.values()):  # records that differ on it: which one is meant is not for it to say
-            return None
+        if len({(name, str(v)) for _, name, v in found}) > len({name for _, name, _ in found}):  # records that differ on a
+            return None  # field: which one is meant is not for it to say
         given = [(tool, name, value) for tool, name, value in found if not isinstance(value, bool) and not _said(value, request)]
         if not given or any(_said(value, answer) for _, _, value in given):
             return None
