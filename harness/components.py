@@ -864,21 +864,43 @@ VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-_./:#]*")
 
 
 def _values(text: str) -> list[str]:
-    """The value-like tokens of `text`, with thousands separators and trailing zero decimals dropped ("86,900.00" and
-    86900 are one value)."""
+    """The value-like tokens of `text`, with thousands separators and trailing decimal zeros dropped ("86,900.00" and
+    86900 are one value, "748.80" and 748.8 another)."""
     text = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", text)
-    return [re.sub(r"(?<=\d)\.0+$", "", t.rstrip("-_./:#")) for t in VALUE.findall(text)]
+    return [re.sub(r"(?<=\d)\.$", "", re.sub(r"(?<=\d\.)(\d*?)0+$", r"\1", t.rstrip("-_./:#"))) for t in VALUE.findall(text)]
+
+
+MONTHS = "january february march april may june july august september october november december".split()
+WORDED_DATE = re.compile(rf"\b(?:({'|'.join(MONTHS)})\s+(\d{{1,2}})(?:st|nd|rd|th)?,?|(\d{{1,2}})(?:st|nd|rd|th)?\s+"
+                         rf"({'|'.join(MONTHS)}),?)\s+(\d{{4}})\b", re.IGNORECASE)
+
+
+def _iso_dates(text: str) -> list[str]:
+    """The dates `text` writes in words ("March 16, 2026", "4 November 2025"), as ISO dates."""
+    return [f"{m[5]}-{MONTHS.index((m[1] or m[4]).casefold()) + 1:02d}-{int(m[2] or m[3]):02d}" for m in WORDED_DATE.finditer(text)]
+
+
+RUN = re.compile(r"\d+|[a-z]+")
+RANGE = re.compile(r"^(?!\d{4}-\d{1,2}-\d{1,2}$)([^-]*\d[^-]*)-([^-]+)$")  # "14:30-15:45", "5-15", "24-month"; not a date
 
 
 def unseen_values(answer: str, sources: Iterable[str]) -> list[str]:
-    """The values of `answer` (tokens with two digits or more) found in none of `sources`, whole or as a run of digits
-    or letters of a token ("March 30, 2026" is in "2026-03-30", "Fall 2026" in "2026FA"), compared without case, in
-    order of appearance."""
-    seen = set()
-    for token in (t.casefold() for source in sources for t in _values(source)):
-        seen |= {token, *re.findall(r"\d+|[a-z]+", token)}
-    values = dict.fromkeys(t for t in _values(answer) if sum(c.isdigit() for c in t) >= 2)
-    return [v for v in values if v.casefold() not in seen][:6]
+    """The values of `answer` (tokens with two digits or more) found in none of `sources`, compared without case, in
+    order of appearance. A value is found whole, or as a run of its digits or letters within a source's token ("March
+    30, 2026" is in "2026-03-30", "Fall 2026" in "2026FA", "13:30" in "2026-05-24T13:30:00"); a range ("14:30-15:45",
+    "5-15") when each of its ends is found, a count with its unit ("24-month") when the count is."""
+    tokens = {t.casefold() for source in sources for t in [*_values(source), *_iso_dates(source)]}
+    runs = f" {' | '.join(' '.join(RUN.findall(t)) for t in tokens)} "
+
+    def found(value: str) -> bool:
+        return f" {' '.join(RUN.findall(value))} " in runs
+
+    unseen = []
+    for value in dict.fromkeys(t for t in _values(answer) if sum(c.isdigit() for c in t) >= 2):
+        ends = RANGE.match(value.casefold())
+        if not (found(value.casefold()) or ends and all(found(e) for e in ends.groups() if any(c.isdigit() for c in e))):
+            unseen.append(value)
+    return unseen[:6]
 
 
 class AnswerFromResults(Component):
@@ -891,7 +913,7 @@ class AnswerFromResults(Component):
     async def finalize(self, view, answer):
         if view.memory.get("asked_unseen"):
             return None
-        unseen = unseen_values(answer, [view.instruction, *(o.seen for o in view.observations)])
+        unseen = unseen_values(answer, [view.instruction, view.context, *(o.seen for o in view.observations)])
         if not unseen:
             return None
         view.memory["asked_unseen"] = True
@@ -930,7 +952,6 @@ def asked_fields(request: str, observations: Iterable[Observation]) -> list[tupl
 
 
 ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:[T ][\d:.]+Z?)?")
-MONTHS = "january february march april may june july august september october november december".split()
 
 
 def _said(value: Any, text: str) -> bool:

@@ -410,6 +410,17 @@ def test_unseen_values_are_the_answers_numbers_dates_and_ids_no_source_holds():
     assert unseen_values("Approved as you asked for E-1052.", ["Approve E-1052's request."]) == []  # the request counts
 
 
+def test_unseen_values_find_times_ranges_and_decimals_the_results_hold_in_another_form():
+    """Half of the catalog's feasible reference answers (49 of 99) were sent back for a time taken out of a timestamp, a
+    range of two results' values, a count with its unit or a price's trailing zero."""
+    result = ('{"door": "D17", "starts_at": "2026-05-24T13:30:00", "ends_at": "2026-05-24T15:00:00", "wind_min_mph": 5, "wind_max_mph": 15, '
+              '"price": 3.5, "total": 748.8, "warranty_months": 24}')
+    answer = "Door D17 on May 24 from 13:30-15:00 (or 13:30 to 15:00); wind 5-15 mph; $3.50 a unit, 748.80 in all; a 24-month warranty."
+    assert unseen_values(answer, [result]) == []
+    assert unseen_values("From 13:45-15:00, wind 5-25 mph, $3.05; ends 2026-05-25.", [result]) == ["13:45-15:00", "5-25", "3.05", "2026-05-25"]
+    assert unseen_values("Snapshot of 2026-03-16.", ["{}", "The snapshot was taken on March 16, 2026."]) == []
+
+
 def test_answer_from_results_sends_an_invented_value_back_once():
     v = small_view(seen("get_permit", {"permit_id": "BP-7"}, {"permit_id": "BP-7", "fee": 120}))
     final = asyncio.run(AnswerFromResults().finalize(v, "Permit BP-7 is issued; fee 120, receipt RC-5531."))
