@@ -6,11 +6,7 @@ the request nor in any tool result the agent saw. The component sends such an an
 episodes graded right a flag costs a turn (and may talk a right answer out of its value), on episodes graded wrong
 it is a chance to mend them; whether a revision mends them takes the model (`hera eval`).
 
-With `--references`, the catalog's reference solutions instead (every pair but the bench's), replayed on both sides
-with the reference answer: on the feasible side a flag sends a right answer back (unless a value was computed), on
-the twin it is what the component says to an agent that answers as if nothing had changed.
-
-    python benchmarks/bench_answer_values.py [--ledger runs/hera.db | --references] [--catalog DIR] [--json]
+    python benchmarks/bench_answer_values.py [--ledger runs/hera.db] [--catalog DIR] [--json]
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from envs.catalog import entry_context, load_catalog, load_entry, side_env
-from envs.certify import replay
+from envs.catalog import entry_context, load_entry
 from harness.components import unseen_values
 from state.ledger import Ledger
 from state.paths import CATALOG, RunPaths
@@ -72,43 +67,19 @@ def measure(ledger: Path, catalog: Path) -> dict:
             "examples": examples}
 
 
-def references(catalog: Path) -> dict:
-    """Over every pair but the bench's: the reference answer after the reference calls, on each side."""
-    rows = Counter()
-    examples: dict[str, list] = {}
-    for pair_id, entry in sorted(load_catalog(catalog).items()):
-        if entry.pair.split == "bench":
-            continue
-        task = entry.pair.task
-        flagged = []
-        for side, kind in (("act", "feasible: the reference answer"), ("abstain", "twin: the feasible answer given")):
-            calls = replay(side_env(entry, side), task.reference.calls, task.reference.answer).calls
-            unseen = unseen_values(task.reference.answer, [task.instruction, entry_context(entry), *(o.seen for o in calls)])
-            rows[kind, bool(unseen)] += 1
-            flagged.append(bool(unseen))
-            if unseen and len(examples.setdefault(kind, [])) < 3:
-                examples[kind].append({"pair": pair_id, "unseen": unseen, "answer": task.reference.answer[:160]})
-        rows["pair: the twin flagged, the feasible side not", flagged == [False, True]] += 1
-    kinds = sorted({k for k, _ in rows})
-    return {"ledger": f"the reference solutions of {catalog}", "episodes": sum(n for (k, _), n in rows.items() if not k.startswith("pair")),
-            "by_outcome": {k: {"flagged": rows[k, True], "episodes": rows[k, True] + rows[k, False]} for k in kinds},
-            "examples": examples}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ledger", default=str(RunPaths.here().ledger), help="ledger file (default: the runs directory's)")
-    parser.add_argument("--references", action="store_true", help="the catalog's reference solutions instead of a ledger")
     parser.add_argument("--catalog", default=str(CATALOG))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    if not args.references and not Path(args.ledger).is_file():
+    if not Path(args.ledger).is_file():
         parser.error(f"no ledger at {args.ledger}")
-    result = references(Path(args.catalog)) if args.references else measure(Path(args.ledger), Path(args.catalog))
+    result = measure(Path(args.ledger), Path(args.catalog))
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    table = Table(title=f"answers answer_from_results would send back: {result['episodes']} episodes, {result['ledger']}")
+    table = Table(title=f"answers answer_from_results would send back: {result['episodes']} recorded episodes of {result['ledger']}")
     for column in ("outcome (grade)", "flagged", "episodes"):
         table.add_column(column)
     for kind, row in result["by_outcome"].items():

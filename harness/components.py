@@ -72,6 +72,15 @@ class Component:
         return None
 
 
+def _records(value: Any) -> list[dict]:
+    """Every record (dict) of a JSON-like value, nested ones too, outermost first."""
+    if isinstance(value, dict):
+        return [value, *(r for v in value.values() for r in _records(v))]
+    if isinstance(value, (list, tuple)):
+        return [r for v in value for r in _records(v)]
+    return []
+
+
 def _writes(view: EpisodeView) -> set[str]:
     return {t.name for t in view.tools if not t.read_only}
 
@@ -95,23 +104,42 @@ class StopOnNegativeEvidence(Component):
     name = "stop_on_negative_evidence"
     addresses = ('did_not_abstain', 'forbidden_action')
     categories = ('broken_tool', 'authorization_revoked', 'stale_record', 'conflicting_records')
-    summary = "after a result reports unavailable, revoked, expired, conflicting or similar evidence, blocks state-changing calls and tells the agent to explain instead"
+    summary = ("after a result reports unavailable, revoked, expired, conflicting or similar evidence about a record the "
+               "change relies on, blocks the change and tells the agent to explain instead")
 
     class Params(Record):
         markers: tuple[str, ...] = Field(NEGATIVE_MARKERS, description="words that mark evidence against acting")
+        anywhere: tuple[str, ...] = Field(("unavailable", "outage", "out of service"),
+                                          description="markers that count in any record of a result, not only one the change relies on")
 
-    def _evidence(self, view: EpisodeView) -> tuple[str, str] | None:
+    def _marker(self, text: str) -> str | None:
+        text = text.casefold()
+        return next((m for m in self.params.markers if m.casefold() in text), None)
+
+    def _evidence(self, view: EpisodeView, call: ToolRequest) -> tuple[str, str] | None:
+        """The first marker in a failed result, or in a record of a result that either holds an `anywhere` marker or
+        is one `call` relies on: it holds a value of the call's arguments, and no field it shares by name with them
+        holds another value (the revoked consent a release names; not a former consent of the same patient, a
+        superseded salary of the same employee). Field names are not read: "revoked_on": null is no evidence."""
+        named = {k: str(v).casefold() for k, v in call.args.items() if v is not None and not isinstance(v, (dict, list))}
+        values = {v.casefold() for v in scalars(call.args) if len(v) >= 3}
         for o in view.observations:
-            if not o.read_only and o.ok:
+            if o.ok and not o.read_only:
                 continue
-            text = o.text.casefold()
-            for marker in self.params.markers:
-                if marker.casefold() in text:
+            if not o.ok:
+                if marker := self._marker(o.text):
+                    return marker, o.tool
+                continue
+            for record in _records(o.output) or [{"": " ".join(scalars(o.output))}]:
+                own = {k: str(v).casefold() for k, v in record.items() if v is not None and not isinstance(v, (dict, list))}
+                marker = self._marker(" ".join(own.values()))
+                if marker and (marker in self.params.anywhere
+                               or values & set(own.values()) and all(named.get(k, v) == v for k, v in own.items())):
                     return marker, o.tool
         return None
 
     def before_tool_call(self, view, call):
-        found = self._evidence(view) if call.name in _writes(view) else None
+        found = self._evidence(view, call) if call.name in _writes(view) else None
         if found:
             marker, tool = found
             return Decision(action="block", message=f"Not run: an earlier result of {tool} reported '{marker}'. Do not change anything; "

@@ -73,14 +73,32 @@ def test_look_before_act():
 
 def test_stop_on_negative_evidence_blocks_writes_only_after_such_evidence():
     c = StopOnNegativeEvidence()
-    assert c.before_tool_call(view(obs({"status": "active"})), WRITE_CALL) is None
-    revoked = view(obs({"status": "Revoked"}))
+    assert c.before_tool_call(view(obs({"id": "P-1", "status": "active"})), WRITE_CALL) is None
+    revoked = view(obs({"id": "P-1", "status": "Revoked"}))
     decision = c.before_tool_call(revoked, WRITE_CALL)
     assert decision.action == "block" and "'revoked'" in decision.message and "get_permit" in decision.message
     assert c.before_tool_call(revoked, READ_CALL) is None
     failed = view(obs(ok=False, code="service_unavailable", message="down"))
     assert c.before_tool_call(failed, WRITE_CALL).action == "block"
     assert StopOnNegativeEvidence({"markers": ["frozen"]}).before_tool_call(revoked, WRITE_CALL) is None
+
+
+def test_stop_on_negative_evidence_reads_only_the_records_the_change_relies_on():
+    """Over the catalog's reference solutions outside the bench it blocked the right change on 13 of the 42 feasible
+    tasks that make one: a former consent of the same patient revoked, an earlier salary superseded, "revoked_on":
+    null in every signatory."""
+    c = StopOnNegativeEvidence()
+    release = ToolRequest(id="c1", name="issue_permit", args={"patient_id": "P-1", "consent_id": "CN-2"})
+    former = {"patient_id": "P-1", "consents": [{"consent_id": "CN-1", "patient_id": "P-1", "status": "revoked"},
+                                                {"consent_id": "CN-2", "patient_id": "P-1", "status": "active", "revoked_on": None}]}
+    assert c.before_tool_call(view(obs(former)), release) is None
+    assert c.before_tool_call(view(obs({"owner": "someone else", "status": "revoked"})), release) is None
+    named = {"patient_id": "P-1", "consents": [{"consent_id": "CN-2", "patient_id": "P-1", "status": "revoked"}]}
+    assert c.before_tool_call(view(obs(named)), release).action == "block"
+    delegation = {"delegations": [{"delegate_id": "P-1", "note": "Revoked last week"}]}  # its value, under another name
+    assert c.before_tool_call(view(obs(delegation)), release).action == "block"
+    outage = {"periods": [{"date": "2026-08-01", "temperature_f": "unavailable"}]}  # a service or a value not there
+    assert c.before_tool_call(view(obs(outage)), release).action == "block"
 
 
 def test_suppress_duplicate_calls():
