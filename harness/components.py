@@ -723,11 +723,15 @@ class CheckChangeMade(Component):
     # wrong_answer too: two of the five wrong answers of std6's adopted candidate on validation came with no change
     # call at all, one of them saying the change was approved
     addresses = ('over_abstained', 'no_change', 'wrong_answer')
-    summary = ("when the agent answers without any state-changing call having succeeded (a refusal, or a reply that says "
-               "the change was made), asks it once whether the request needed a change it has not made yet")
+    summary = ("when the agent answers a request whose words ask for a change without any state-changing call having "
+               "succeeded (a refusal, or a reply that says the change was made), asks it once whether the request needed a "
+               "change it has not made yet")
 
     async def finalize(self, view, answer):
-        if not _writes(view) or _committed(view) or view.memory.get("asked_change_made"):
+        # a question is left alone: over the catalog's reference solutions outside the bench it sent back the right
+        # answer to all 7 of its questions, and std16's adopted candidate, asked so, answered "No changes have been made yet."
+        if (not _writes(view) or _committed(view) or view.memory.get("asked_change_made")
+                or not named_changes(view.instruction.split(LOOKED_UP)[0], view.tools)):
             return None
         view.memory["asked_change_made"] = True
         changes = ", ".join(sorted(_writes(view)))

@@ -418,6 +418,8 @@ def test_check_change_made_asks_once_when_nothing_was_changed():
     assert asyncio.run(c.finalize(v, "Issued.")) is None
     done = small_view(seen("issue_permit", {"permit_id": "BP-7"}, {"ok": True}, read_only=False))
     assert asyncio.run(CheckChangeMade().finalize(done, "Issued.")) is None
+    question = small_view(seen("get_permit", {"permit_id": "BP-7"}, {"status": "open"}), instruction="When does Ana Ruiz's permit expire?")
+    assert asyncio.run(CheckChangeMade().finalize(question, "On 2026-05-01.")) is None
 
 
 def test_unseen_values_are_the_answers_numbers_dates_and_ids_no_source_holds():
