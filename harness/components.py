@@ -729,7 +729,7 @@ class CheckChangeMade(Component):
 
     async def finalize(self, view, answer):
         # a question is left alone: over the catalog's reference solutions outside the bench it sent back the right
-        # answer to all 7 of its questions, and std16's adopted candidate, asked so, answered "No changes have been made yet."
+        # answer to all 7 of its questions (benchmarks/bench_references.py)
         if (not _writes(view) or _committed(view) or view.memory.get("asked_change_made")
                 or not named_changes(view.instruction.split(LOOKED_UP)[0], view.tools)):
             return None
