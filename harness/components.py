@@ -73,12 +73,17 @@ class Component:
 
 
 def _records(value: Any) -> list[dict]:
-    """Every record (dict) of a JSON-like value, nested ones too, outermost first."""
-    if isinstance(value, dict):
-        return [value, *(r for v in value.values() for r in _records(v))]
-    if isinstance(value, (list, tuple)):
-        return [r for v in value for r in _records(v)]
-    return []
+    """Every record (dict) of a JSON-like value, nested ones too, each before those it holds (walked without
+    recursion: a tool's result may nest as deep as its JSON parses)."""
+    found, stack = [], [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            found.append(v)
+            stack.extend(reversed(list(v.values())))
+        elif isinstance(v, (list, tuple)):
+            stack.extend(reversed(v))
+    return found
 
 
 def _writes(view: EpisodeView) -> set[str]:
