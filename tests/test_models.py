@@ -182,9 +182,23 @@ CALL = {"name": "get_item", "args": {"sku": "A"}}
     "Let me check.\nget_item(sku='A')\nOne moment.",
     'Let me check.\n{"type": "function", "function": {"name": "get_item", "arguments": "{\\"sku\\": \\"A\\"}"}}\nOne moment.',
     "Let me check.\n```\n{'name': 'get_item', 'arguments': {'sku': 'A',},}\n```\nOne moment.",
+    'Let me check.\n```json\n{"name": "get_item", "sku": "A"}\n```\nOne moment.',
 ])
 def test_adapter_reads_a_call_in_every_form(reply):
     assert parse_tool_calls(reply, TOOLS) == ("Let me check.\n\nOne moment.", [CALL])
+
+
+def test_adapter_reads_a_call_described_after_the_tools_name_only_when_the_tool_takes_its_arguments():
+    """The local model, asked to act, often tells the user how to make the call instead: 4 of the 9 answers H0 ended
+    its first episodes of std17 with."""
+    described = "To find it, you can use the `get_item` tool with the following arguments:\n\n```json\n{\"sku\": \"A\"}\n```\n\nThat returns its stock."
+    assert parse_tool_calls(described, TOOLS) == ("To find it, you can use the `get_item` tool with the following arguments:\n\nThat returns its stock.", [CALL])
+    assert parse_tool_calls("Use `buy` or `get_item`:\n```json\n{\"sku\": \"A\", \"qty\": 2}\n```", TOOLS)[1] == [  # only get_item takes qty
+        {"name": "get_item", "args": {"sku": "A", "qty": 2}}]
+    quoted = 'get_item returned:\n```json\n{"sku": "A", "stock": 3}\n```'  # a result quoted, not a call
+    for reply in (quoted, "Use buy or get_item:\n```json\n{\"sku\": \"A\"}\n```", 'No tool here.\n```json\n{"sku": "A"}\n```',
+                  '```json\n{"name": "get_item", "sku": "A", "stock": 3}\n```', '```json\n{"name": "get_item", "qty": 2}\n```'):
+        assert parse_tool_calls(reply, TOOLS) == (reply.strip(), [])
 
 
 def test_adapter_reads_several_calls_in_order_and_keeps_the_text_around_them():

@@ -167,12 +167,18 @@ def parse_tool_calls(text: str, tools: Sequence[ToolInfo]) -> tuple[str, list[di
 
     Calls are `{"name", "args"}` dicts. Recognised forms: JSON call objects or
     arrays of them (bare, fenced or in `<tool_call>` tags; also OpenAI-style
-    `{"function": {...}}` and `{"tool_calls": [...]}`), lenient about single
-    quotes, trailing commas and Python literals; and prose calls
-    `name({...})` or `name(key=value)`. A call of a tool that was not
-    offered is not a call: its text stays in the content.
+    `{"function": {...}}` and `{"tool_calls": [...]}`, and a name beside the
+    arguments themselves, `{"name": "get_order", "order_id": "A"}`), lenient
+    about single quotes, trailing commas and Python literals; prose calls
+    `name({...})` or `name(key=value)`; and a call described, a fenced JSON
+    object of arguments after prose that names one tool ("use the
+    `get_order` tool with the following arguments: ```json {...}```"). A
+    call of a tool that was not offered is not a call: its text stays in the
+    content; nor are arguments beside a name, or described, that the tool's
+    schema does not take (a record a reply quotes is not a call).
     """
     names = {tool.name for tool in tools}
+    schemas = {tool.name: tool.input_schema or {} for tool in tools}
     if not names or not text:
         return text, []
     # Every JSON call quotes its tool's name, and scanning stops after a budget: a long reply full of
@@ -185,13 +191,14 @@ def parse_tool_calls(text: str, tools: Sequence[ToolInfo]) -> tuple[str, list[di
         if text[position] in "{[" and quoted[-1] > position:
             end, stopped = _closing(text, position)
             budget -= stopped - position
-            calls = _json_calls(text[position:end], names) if end else None
+            calls = _json_calls(text[position:end], schemas) if end else None
             if calls:
                 spans.append((position, end, calls))
                 position = end
                 continue
         position += 1
     spans += _prose_calls(text, names, spans)
+    spans += _described_calls(text, schemas, spans)
     spans.sort(key=lambda span: span[0])
     removed = [(start, end) for start, end, _ in spans]
     removed += _wrappers(text, removed)
@@ -260,13 +267,39 @@ def _literal(node: ast.AST) -> Any:
     raise ValueError(f"not a literal: {ast.dump(node)[:60]}")
 
 
-def _json_calls(text: str, names: set[str]) -> list[dict[str, Any]] | None:
+def _json_calls(text: str, schemas: dict[str, dict]) -> list[dict[str, Any]] | None:
     value = _loads(text)
     calls = _calls_in(value)
     if calls is None:
         return None
-    known = [call for call in calls if call["name"] in names]
+    known = [{"name": call["name"], "args": call["args"]} for call in calls
+             if call["name"] in schemas and (not call.get("beside") or _takes(schemas[call["name"]], call["args"]))]
     return known or None
+
+
+def _takes(schema: dict, args: dict[str, Any]) -> bool:
+    """Whether a tool's input schema takes exactly these arguments: each a property of it, every required one there."""
+    properties = schema.get("properties") or {}
+    return bool(args) and set(args) <= set(properties) and set(schema.get("required") or ()) <= set(args)
+
+
+def _described_calls(text: str, schemas: dict[str, dict], taken: list[tuple[int, int, Any]]) -> list[tuple[int, int, list]]:
+    """Fenced JSON objects of arguments, each after prose (since the previous fence) that names offered tools of which
+    exactly one takes them."""
+    spans: list[tuple[int, int, list]] = []
+    previous = 0
+    for match in FENCE.finditer(text):
+        start, end = match.span()
+        before, previous = text[previous:start][-400:], end
+        if any(s < end and e > start for s, e, _ in taken):
+            continue
+        args = _loads(match.group(1))
+        if not isinstance(args, dict) or _calls_in(args) is not None:
+            continue
+        named = [name for name in schemas if re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", before) and _takes(schemas[name], args)]
+        if len(named) == 1:
+            spans.append((start, end, [{"name": named[0], "args": args}]))
+    return spans
 
 
 def _calls_in(value: Any) -> list[dict[str, Any]] | None:
@@ -289,7 +322,10 @@ def _calls_in(value: Any) -> list[dict[str, Any]] | None:
             return [{"name": name, "args": args}] if isinstance(args, dict) else None
         return None
     if not set(value) <= CALL_KEYS:
-        return None
+        if any(key in value for key in ARGUMENT_KEYS):
+            return None
+        beside = {k: v for k, v in value.items() if k not in CALL_KEYS}  # checked against the tool's schema
+        return [{"name": name, "args": beside, "beside": True}]
     args = next((value[key] for key in ARGUMENT_KEYS if key in value), {})
     if isinstance(args, str):
         args = _loads(args) if args.strip() else {}
