@@ -656,6 +656,8 @@ def test_adapter_stays_linear_on_long_unbalanced_replies():
     started = time.monotonic()
     assert parse_tool_calls("{ x " * 8000 + '"get_item"', TOOLS)[1] == []
     assert parse_tool_calls("get_item( " * 5000, TOOLS)[1] == []
+    for deep in ("[" * 5000 + "]" * 5000 + ' "get_item"', "use get_item:\n```json\n" + '{"a":' * 5000 + "1" + "}" * 5000 + "\n```"):
+        assert parse_tool_calls(deep, TOOLS)[1] == []  # nested deeper than json or ast recurse: text, not a crash
     assert time.monotonic() - started < 2.0
 
 

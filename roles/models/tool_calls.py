@@ -235,13 +235,15 @@ def _closing(text: str, start: int) -> tuple[int | None, int]:
 
 
 def _loads(text: str) -> Any:
+    """JSON, else a Python literal, else None: also for a value nested deeper than a parser recurses (a reply of ten
+    thousand brackets is text, not a crash)."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     try:
         return _literal(ast.parse(text.strip(), mode="eval").body)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
 
