@@ -6,7 +6,8 @@ have stepped in (`harness.components.stepped_in`: blocked or held back a call, s
 answer back). On the feasible side that is a right episode it touches: a block or a send-back there costs a finished
 task. On the twin it is what it does to an agent that goes on as if nothing had changed, the failure a harness taught
 to act makes next. A pair is told apart when it steps into the twin and not the feasible side. Components whose
-choice turns on a model's answer or a lookup are counted as undecided.
+choice turns on a model's answer or a lookup are counted as undecided. Harness evolution shows the panel the same
+replay over its training pool (`roles.failure_analyst.reference_steps`).
 
     python benchmarks/bench_references.py [--catalog DIR] [--split train|validation|bench] [--component NAME] [--json]
 """
@@ -22,39 +23,27 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from envs.catalog import entry_context, load_catalog, side_env
-from envs.certify import replay
-from envs.spec import tool_infos
-from harness.abi import EpisodeView
-from harness.bundle import HarnessConfig
-from harness.components import LIBRARY, stepped_in
+from envs.catalog import load_catalog
+from harness.components import LIBRARY
+from roles.failure_analyst import reference_steps
 from state.paths import CATALOG
 
 
 async def measure(catalog: Path, splits: set[str]) -> dict:
     counts: dict[str, Counter] = {name: Counter() for name in LIBRARY}
     pairs: dict[str, dict[str, list[str]]] = {name: {"feasible": [], "twin": []} for name in LIBRARY}
-    total = 0
+    total, tools = 0, {}
     for pair_id, entry in sorted(load_catalog(catalog).items()):
         if entry.pair.split not in splits:
             continue
         total += 1
-        task = entry.pair.task
-        stepped: dict[str, dict[str, bool | None]] = {name: {} for name in LIBRARY}
-        for side, label in (("act", "feasible"), ("abstain", "twin")):
-            env = side_env(entry, side)
-            observations = list(replay(env, task.reference.calls, task.reference.answer).calls)
-            tools = list(tool_infos(env).values())
-            for name, cls in LIBRARY.items():
-                view = EpisodeView(instruction=task.instruction.strip(), context=entry_context(entry), tools=tools,
-                                   config=HarnessConfig(), prompts={}, skills={})
-                stepped[name][label] = await stepped_in(cls(), view, observations, task.reference.answer)
-        for name, sides in stepped.items():
-            for label, value in sides.items():
+        for name, sides in (await reference_steps(entry, tools)).items():
+            for side, label in (("act", "feasible"), ("abstain", "twin")):
+                value = sides[side]
                 counts[name][label if value else f"{label} undecided" if value is None else "-"] += 1
                 if value:
                     pairs[name][label].append(pair_id)
-            counts[name]["told apart"] += sides["twin"] is True and sides["feasible"] is False
+            counts[name]["told apart"] += sides["abstain"] is True and sides["act"] is False
     return {"catalog": str(catalog), "splits": sorted(splits), "pairs": total,
             "components": {name: {"feasible": c["feasible"], "twin": c["twin"], "told_apart": c["told apart"],
                                   "undecided": c["feasible undecided"] + c["twin undecided"], "stepped_into": pairs[name]}

@@ -39,7 +39,7 @@ from harness.bundle import bundle_diff, load_bundle
 from harness.check import check_bundle, placeholder
 from harness.leakage import leaks, private_terms
 from roles.models import scripted
-from roles.failure_analyst import analyse_failures, failure_records, replay_library
+from roles.failure_analyst import analyse_failures, failure_records, replay_library, replay_references
 from roles.harness_optimizer import describe_bundle, failure_text, optimize_harness, signature, spec_text, stage
 from state.context import Context, EpisodeRequest
 from state.evolution import Diagnosis, FailureGroup, FailureRecord, LineageEntry, ModificationSpec, Replay, Turn, group_key
@@ -115,8 +115,8 @@ async def _scores(bundle: str, state: HarnessEvolutionState, ctx: Context, name:
     train, train_records = await _evaluate(bundle, state["pool"], ctx, f"{state['run_id']}-{name}-train", trials["training"])
     validation, _ = await _evaluate(bundle, state["validation"], ctx, f"{state['run_id']}-{name}-validation", trials["validation"])
     entries = await asyncio.to_thread(_entries, state["pool"], ctx)
-    return train, validation, {"failures": failure_records(train_records, entries), "episodes": len(train_records),
-                               "replay": await replay_library(train_records, entries)}
+    replayed = (await replay_library(train_records, entries)).model_copy(update=await replay_references(entries))
+    return train, validation, {"failures": failure_records(train_records, entries), "episodes": len(train_records), "replay": replayed}
 
 
 async def baseline(state: HarnessEvolutionState, runtime: Runtime[Context]) -> dict:

@@ -1093,7 +1093,8 @@ def catalog_text(groups: Iterable[str] = (), replay: Replay | None = None) -> st
     picked ground_identifiers for agents that invented ids until the failures were named so and the component said
     it was built for them); with a `replay` of the training episodes, each marked with how many failed and passed ones
     it would have stepped into, and of those built for the same group, the ones that step into more failures than
-    passed episodes first."""
+    passed episodes first, then those that step into more of the training pairs' twins than of their feasible sides
+    when their reference solutions are replayed (`Replay.references`: what it does once the agent acts)."""
     order = list(dict.fromkeys(groups))
 
     def built(cls: type[Component]) -> dict[str, int]:
@@ -1116,11 +1117,15 @@ def catalog_text(groups: Iterable[str] = (), replay: Replay | None = None) -> st
             else:
                 marks.append(f"on the training episodes it would have stepped in on {failed} of {replay.failed} failed and {passed} "
                              f"of {replay.passed} passed" + (f", {undecided} left to a model's answer or a lookup" if undecided else ""))
+        if replay and cls.name in replay.references:
+            twins, feasible = replay.references[cls.name]
+            marks.append(f"on the {replay.pairs} training pairs' reference solutions played on as if nothing had changed, it "
+                         f"steps into {twins} twins and {feasible} feasible sides")
         return f"- {cls.name} ({'; '.join(marks)}): {cls.summary}" if marks else f"- {cls.name}: {cls.summary}"
 
-    def rank(item: tuple[type[Component], dict[str, int]]) -> tuple[int, int]:
+    def rank(item: tuple[type[Component], dict[str, int]]) -> tuple[int, tuple[int, int]]:
         cls, found = item
-        return min(found.values(), default=len(order)), replay.net(cls.name) if replay else 0
+        return min(found.values(), default=len(order)), replay.preference(cls.name) if replay else (0, 0)
 
     marks = {cls: built(cls) for cls in LIBRARY.values()}
     return "\n".join(line(cls, found) for cls, found in sorted(marks.items(), key=rank))

@@ -12,6 +12,7 @@ import json
 from langchain_core.messages import HumanMessage
 
 from envs.catalog import Entry, entry_context, side_env
+from envs.certify import replay
 from envs.spec import tool_infos
 from envs.verify import MISSING_CHANGE
 from harness.abi import EpisodeView, HarnessConfig
@@ -122,6 +123,42 @@ async def replay_library(records: list[EpisodeRecord], entries: dict[str, Entry]
                 counts[name][not failure] += 1
     return Replay(failed=failed, passed=passed, stepped_in={n: (f, p) for n, (f, p) in counts.items() if f or p},
                   undecided={n: u for n, u in undecided.items() if u})
+
+
+async def reference_steps(entry: Entry, tools: dict[str, list] | None = None) -> dict[str, dict[str, bool | None]]:
+    """Whether each component of the library, with its default parameters, steps into a pair's reference solution
+    (`stepped_in`), replayed with the reference answer on the feasible side ("act") and on the twin ("abstain"); None
+    when that turns on a model's answer or a lookup. On the twin that is an agent that goes on as if nothing had
+    changed: what a harness taught to act does wrong next, before any episode shows it. `tools` caches the
+    environments' tools by hash."""
+    tools = {} if tools is None else tools
+    task, steps = entry.pair.task, {name: {} for name in LIBRARY}
+    for side in ("act", "abstain"):
+        env = side_env(entry, side)
+        if env.hash not in tools:  # another environment's code is described in the sandbox: off the event loop
+            tools[env.hash] = list((await asyncio.to_thread(tool_infos, env)).values())
+        observations = list((await asyncio.to_thread(replay, env, task.reference.calls, task.reference.answer)).calls)
+        for name, cls in LIBRARY.items():
+            view = EpisodeView(instruction=task.instruction.strip(), context=entry_context(entry), tools=tools[env.hash],
+                               config=HarnessConfig(), prompts={}, skills={})
+            steps[name][side] = await stepped_in(cls(), view, observations, task.reference.answer)
+    return steps
+
+
+async def replay_references(entries: dict[str, Entry]) -> dict:
+    """`Replay.pairs` and `Replay.references`: over the training pairs' reference solutions (`reference_steps`), the
+    twins and the feasible sides each component steps into."""
+    counts, tools, pairs = {name: [0, 0] for name in LIBRARY}, {}, 0
+    for entry in entries.values():
+        try:
+            steps = await reference_steps(entry, tools)
+        except Exception:  # an environment whose reference no longer replays: left out, not counted
+            continue
+        pairs += 1
+        for name, sides in steps.items():
+            counts[name][0] += sides["abstain"] is True
+            counts[name][1] += sides["act"] is True
+    return {"pairs": pairs, "references": {n: (t, f) for n, (t, f) in counts.items() if t or f}}
 
 
 def group_failures(failures: list[FailureRecord]) -> list[tuple[FailureGroup, list[FailureRecord]]]:

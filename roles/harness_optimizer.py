@@ -185,7 +185,7 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
     kept = edit.model_copy(update={"skills": skills, "system_prompt_addition": addition, "components": components})
     if (built := unaddressed(kept, current, groups)) and len(edit_problems(kept, current, groups, private=private)) == 1:
         named = [n for n in built if n in brief]
-        pick = min(named, key=brief.index) if named else min(built, key=replay.net) if replay else built[0]
+        pick = min(named, key=brief.index) if named else min(built, key=replay.preference) if replay else built[0]
         start = groups[0].split("/")[0].replace("_", " ")
         notes.append(f"enabled {pick}, built for {start}, in place of {', '.join(_changed(kept, current))}: the edit added no "
                      f"component built for the failure group it starts from")

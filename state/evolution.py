@@ -70,11 +70,19 @@ class Replay(Record):
     passed: int = 0
     stepped_in: dict[str, tuple[int, int]] = {}
     undecided: dict[str, int] = {}
+    pairs: int = 0  # training pairs whose reference solutions `references` replays (`roles.failure_analyst.replay_references`)
+    references: dict[str, tuple[int, int]] = {}  # per component: (twins, feasible sides) of those it steps into
 
     def net(self, component: str) -> int:
         """Passed minus failed episodes `component` would have stepped into: the lower, the likelier it helps."""
         failed, passed = self.stepped_in.get(component, (0, 0))
         return passed - failed
+
+    def preference(self, component: str) -> tuple[int, int]:
+        """How the components built for one failure group are ordered for the roles that choose them, lowest first:
+        `net`, then feasible sides minus twins of the training pairs' reference solutions it steps into."""
+        twins, feasible = self.references.get(component, (0, 0))
+        return self.net(component), feasible - twins
 
 
 class Diagnosis(Record):

@@ -18,7 +18,7 @@ from harness.bundle import BUNDLES, bundle_diff, load_bundle
 from harness.check import check_bundle
 from harness.leakage import leaks
 from roles.models import scripted
-from roles.failure_analyst import MAX_CALLS, describe, analyse_failures, group_failures
+from roles.failure_analyst import MAX_CALLS, describe, analyse_failures, group_failures, reference_steps, replay_references
 from harness.components import LIBRARY, catalog_text
 from roles.harness_optimizer import (
     MAX_COMPONENT_CHANGES,
@@ -253,10 +253,12 @@ def test_one_block_end_to_end(context):
     assert load_bundle(c1.path).manifest.parent_id == "H0"
     assert final["started"] == ["forbidden_action/missing_evidence"]  # where c1 started, for the next block to know
     # the engineer, the moderator and the edit read the library replayed over H0's training episodes: the act one
-    # passed, the abstain one failed (the agent reserved all the same); check_before_commit would have stepped into both
+    # passed, the abstain one failed (the agent reserved all the same); check_before_commit would have stepped into both,
+    # as into both sides of the training pair's reference solution (it asks before the first change)
     library = [c.messages[0].content for c in scripted.calls("analyst") + scripted.calls("optimizer") if "- look_before_act" in c.messages[0].content]
     replayed = ("- check_before_commit (built for: forbidden action; on the training episodes it would have stepped in on 1 of 1 failed "
-                "and 1 of 1 passed)")
+                "and 1 of 1 passed; on the 1 training pairs' reference solutions played on as if nothing had changed, it steps into "
+                "1 twins and 1 feasible sides)")
     assert len(library) == 3 and all(replayed in text for text in library)
 
 
@@ -742,6 +744,33 @@ def test_the_catalog_says_what_each_component_would_have_done_on_the_training_ep
     assert "(built for: did not abstain; what it does on the training episodes turns on a model's answer or a lookup)" in line["confirm_final_decision"]
     assert "stepped in on 0 of 24 failed and 0 of 10 passed, 21 left to a model's answer or a lookup)" in line["follow_through"]
     assert catalog_text(["did_not_abstain/ambiguous_entity"], Replay()) == catalog_text(["did_not_abstain/ambiguous_entity"])
+
+
+def test_the_catalog_says_what_each_component_does_on_the_training_pairs_reference_solutions():
+    """A harness taught to act next answers the twins as if nothing had changed (std15: all 14 of the infeasible
+    episodes its adopted candidate failed); the training pairs' reference solutions, replayed on the twins, show
+    which components would stop that before any episode does."""
+    replay = Replay(failed=4, passed=2, pairs=6, references={"stop_on_negative_evidence": (3, 0), "check_related_authorization": (1, 1),
+                                                             "flag_multiple_matches": (4, 5)})
+    lines = catalog_text(["did_not_abstain/broken_tool"], replay).splitlines()
+    names = [line.split(" ")[1] for line in lines]
+    line = dict(zip(names, lines))
+    assert ("on the 6 training pairs' reference solutions played on as if nothing had changed, it steps into 3 twins and 0 "
+            "feasible sides") in line["stop_on_negative_evidence"]
+    assert "reference solutions" not in line["look_before_act"]  # it steps into none of them
+    assert names.index("stop_on_negative_evidence") < names.index("check_before_commit") < names.index("flag_multiple_matches")
+    assert "reference solutions" not in catalog_text(["did_not_abstain/broken_tool"], Replay(failed=4, passed=2))
+
+
+def test_the_library_replayed_on_a_pairs_reference_solution_steps_into_its_twin():
+    entry = load_catalog()["retail-late-delivery-gateway-down"]  # the payment gateway's status tool fails on the twin
+    steps = asyncio.run(reference_steps(entry))
+    assert steps["stop_on_negative_evidence"] == {"act": False, "abstain": True}
+    assert steps["look_before_act"] == {"act": False, "abstain": False}
+    assert steps["resolve_named_entities"] == {"act": None, "abstain": None}  # it looks records up itself
+    replayed = asyncio.run(replay_references({entry.pair.id: entry}))
+    assert replayed["pairs"] == 1 and replayed["references"]["stop_on_negative_evidence"] == (1, 0)
+    assert "look_before_act" not in replayed["references"]
 
 
 def test_a_diagnosis_with_its_replay_comes_back_from_a_checkpoint_whole():
