@@ -200,6 +200,8 @@ def test_adapter_reads_a_call_described_after_the_tools_name_only_when_the_tool_
     for reply in (quoted, "Use buy or get_item:\n```json\n{\"sku\": \"A\"}\n```", 'No tool here.\n```json\n{"sku": "A"}\n```',
                   '```json\n{"name": "get_item", "sku": "A", "stock": 3}\n```', '```json\n{"name": "get_item", "qty": 2}\n```'):
         assert parse_tool_calls(reply, TOOLS) == (reply.strip(), [])
+    odd = ToolInfo(name="get_item", description="", input_schema={"properties": [{"sku": {}}], "required": [["sku"]]}, read_only=True)
+    assert parse_tool_calls(described, [odd])[1] == []  # a schema that is not one takes nothing
 
 
 def test_adapter_reads_several_calls_in_order_and_keeps_the_text_around_them():

@@ -281,8 +281,10 @@ def _json_calls(text: str, schemas: dict[str, dict]) -> list[dict[str, Any]] | N
 
 def _takes(schema: dict, args: dict[str, Any]) -> bool:
     """Whether a tool's input schema takes exactly these arguments: each a property of it, every required one there."""
-    properties = schema.get("properties") or {}
-    return bool(args) and set(args) <= set(properties) and set(schema.get("required") or ()) <= set(args)
+    properties, required = schema.get("properties"), schema.get("required") or []
+    if not isinstance(properties, dict) or not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        return False  # a schema that is not one names no arguments
+    return bool(args) and set(args) <= set(properties) and set(required) <= set(args)
 
 
 def _described_calls(text: str, schemas: dict[str, dict], taken: list[tuple[int, int, Any]]) -> list[tuple[int, int, list]]:
