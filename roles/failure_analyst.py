@@ -107,16 +107,10 @@ async def replay_library(records: list[EpisodeRecord], entries: dict[str, Entry]
     for r in records:
         if r.status != "done" or r.grade is None:
             continue
-        entry = entries[r.pair_id]
-        env = side_env(entry, r.key.side)
-        if env.hash not in tools:  # another environment's code is described in the sandbox: off the event loop
-            tools[env.hash] = list((await asyncio.to_thread(tool_infos, env)).values())
         failure = failure_kind(r) is not None
         failed, passed = failed + failure, passed + (not failure)
-        instruction, context, observations = entry.pair.task.instruction.strip(), entry_context(entry), list(r.observations)
-        for name, cls in LIBRARY.items():  # a view of its own each: a component keeps its memory in it
-            view = EpisodeView(instruction=instruction, context=context, tools=tools[env.hash], config=HarnessConfig(), prompts={}, skills={})
-            stepped = await stepped_in(cls(), view, observations, r.answer)
+        steps = await _library_steps(entries[r.pair_id], r.key.side, list(r.observations), r.answer, tools)
+        for name, stepped in steps.items():
             if stepped is None:
                 undecided[name] += 1
             elif stepped:
@@ -134,14 +128,23 @@ async def reference_steps(entry: Entry, tools: dict[str, list] | None = None) ->
     tools = {} if tools is None else tools
     task, steps = entry.pair.task, {name: {} for name in LIBRARY}
     for side in ("act", "abstain"):
-        env = side_env(entry, side)
-        if env.hash not in tools:  # another environment's code is described in the sandbox: off the event loop
-            tools[env.hash] = list((await asyncio.to_thread(tool_infos, env)).values())
-        observations = list((await asyncio.to_thread(replay, env, task.reference.calls, task.reference.answer)).calls)
-        for name, cls in LIBRARY.items():
-            view = EpisodeView(instruction=task.instruction.strip(), context=entry_context(entry), tools=tools[env.hash],
-                               config=HarnessConfig(), prompts={}, skills={})
-            steps[name][side] = await stepped_in(cls(), view, observations, task.reference.answer)
+        replayed = await asyncio.to_thread(replay, side_env(entry, side), task.reference.calls, task.reference.answer)
+        for name, stepped in (await _library_steps(entry, side, list(replayed.calls), task.reference.answer, tools)).items():
+            steps[name][side] = stepped
+    return steps
+
+
+async def _library_steps(entry: Entry, side: str, observations: list, answer: str, tools: dict[str, list]) -> dict[str, bool | None]:
+    """`stepped_in` for every component of the library, with its default parameters, over one side's episode; `tools`
+    caches the environments' tools by hash."""
+    env = side_env(entry, side)
+    if env.hash not in tools:  # another environment's code is described in the sandbox: off the event loop
+        tools[env.hash] = list((await asyncio.to_thread(tool_infos, env)).values())
+    instruction, context = entry.pair.task.instruction.strip(), entry_context(entry)
+    steps = {}
+    for name, cls in LIBRARY.items():  # a view of its own each: a component keeps its memory in it
+        view = EpisodeView(instruction=instruction, context=context, tools=tools[env.hash], config=HarnessConfig(), prompts={}, skills={})
+        steps[name] = await stepped_in(cls(), view, observations, answer)
     return steps
 
 
