@@ -42,7 +42,7 @@ from roles.models import scripted
 from roles.failure_analyst import analyse_failures, failure_records, replay_library, replay_references
 from roles.harness_optimizer import describe_bundle, failure_text, optimize_harness, signature, spec_text, stage
 from state.context import Context, EpisodeRequest
-from state.evolution import Diagnosis, FailureGroup, FailureRecord, LineageEntry, ModificationSpec, Replay, Turn, group_key
+from state.evolution import Diagnosis, FailureGroup, FailureRecord, LineageEntry, ModificationSpec, Replay, Turn, group_key, pair_halves
 from state.ledger import Ledger
 from state.metrics import RunScores
 from state.paths import RunPaths
@@ -151,11 +151,14 @@ async def failure_analyst(state: HarnessEvolutionState, runtime: Runtime[Context
 def starting_order(groups: tuple[FailureGroup, ...], tried: list[str], index: int) -> tuple[FailureGroup, ...]:
     """The diagnosed groups in the order candidate `index` of a block reads them, the first being where it starts: the
     groups no candidate of an earlier block started from (`tried`) before the others, each part recurring first as
-    diagnosed, turned by `index` so that the candidates of one block start from different groups. With one
-    candidate a block and a harness nothing replaced, every block would otherwise start from the same group."""
+    diagnosed, turned by `index` so that the candidates of one block start from different groups, and the first
+    group of the other half of a pair (`pair_halves`) moved up to second. With one candidate a block and a harness
+    nothing replaced, every block would otherwise start from the same group."""
     ordered = tuple(g for g in groups if group_key(g) not in tried) + tuple(g for g in groups if group_key(g) in tried)
     k = index % len(ordered) if ordered else 0
-    return ordered[k:] + ordered[:k]
+    turned = ordered[k:] + ordered[:k]
+    halves = pair_halves([group_key(g) for g in turned])
+    return tuple(sorted(turned, key=lambda g: halves.index(group_key(g)) if group_key(g) in halves else len(halves)))
 
 
 def route_after_failure_analyst(state: HarnessEvolutionState) -> Literal["fdcr", "harness_optimizer", "selector"]:

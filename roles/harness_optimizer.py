@@ -31,7 +31,7 @@ from harness.components import LIBRARY, ComponentName, catalog_text
 from harness.leakage import quoted
 from prompts import render
 from roles.models import chat_model
-from state.evolution import ComponentChoice, FailureKind, FailureRecord, HarnessEdit, ModificationSpec, Replay, Skill
+from state.evolution import ComponentChoice, FailureKind, FailureRecord, HarnessEdit, ModificationSpec, Replay, Skill, answered_by, pair_halves
 from state.records import CATEGORIES, ToolInfo, UsageRecord, content_hash
 
 EDITABLE = ("prompts", "skills", "subagents", "hooks.py", "components.yaml", "config.yaml", "memory.yaml")
@@ -91,11 +91,11 @@ def narration(text: str) -> list[str]:
 
 
 def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str], max_changes: int = MAX_COMPONENT_CHANGES,
-                  private: frozenset[str] = frozenset()) -> list[str]:
+                  private: frozenset[str] = frozenset(), replay: Replay | None = None) -> list[str]:
     """What makes a structured edit not worth applying, checked by code: too many component changes, a change tied to
-    no failure group, components changed of which none is built for the failure group it starts from (`groups[0]`)
-    when the harness has none and the library has one (std5's optimizer, started from guessed identifiers, added two
-    write-order components), a prompt addition that is not an instruction to the agent, a skill without a trigger and
+    no failure group, components changed of which none is built for the failure group it starts from (`groups[0]`),
+    or for the first one of the other half of a pair, when the harness has none and the library has one (std5's
+    optimizer, started from guessed identifiers, added two write-order components), a prompt addition that is not an instruction to the agent, a skill without a trigger and
     an action, a prompt addition or skill that quotes a `private` value of the pool (`harness.leakage`)."""
     problems = []
     chosen = {c.name: c for c in edit.components}
@@ -103,9 +103,8 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
     if len(changed) > max_changes:
         problems.append(f"it changes {len(changed)} components ({', '.join(changed)}); change at most {max_changes}, "
                         "the ones the failures call for")
-    if built := unaddressed(edit, current, groups):
-        problems.append(f"it adds no component built for {groups[0].split('/')[0].replace('_', ' ')}, the failure group it "
-                        f"starts from (one of: {', '.join(built)})")
+    for group, built in unaddressed(edit, current, groups, replay).items():
+        problems.append(f"it adds no component built for {_named(group, groups[0])} (one of: {', '.join(built)})")
     for name in changed:
         if name in chosen and groups and chosen[name].addresses not in groups:
             problems.append(f"component {name} does not name the failure group it addresses (one of: {', '.join(groups)})")
@@ -115,15 +114,32 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
     return problems
 
 
-def unaddressed(edit: HarnessEdit, current: dict[str, dict], groups: list[str]) -> list[str]:
-    """The library's components built for the failure group the edit starts from (`groups[0]`), when the edit changes
-    components and adds none of them while the harness has none; else []."""
-    if not groups:
-        return []
-    built = built_for(groups[0], current)
-    covered = any(LIBRARY[n].built_for(groups[0]) for n in current if n in LIBRARY)
+def unaddressed(edit: HarnessEdit, current: dict[str, dict], groups: list[str], replay: Replay | None = None) -> dict[str, list[str]]:
+    """Per failure group the edit answers (`pair_halves`: the one it starts from and the first on the other side of
+    the pairs) that neither the harness nor the edit has a component for (`answered_by`), the library's components
+    built for it; {} for an edit that changes no components. For what the agent will do on a twin once it acts,
+    which no episode shows yet, only those that step into more of the training pairs' twins than of their feasible
+    sides when their reference solutions are replayed (`Replay.references`) count, when there is a `replay`."""
     changed = _changed(edit, current)
-    return built if changed and built and not covered and not set(built) & set(changed) else []
+    missing = {}
+    for group in pair_halves(groups) if changed else []:
+        target = answered_by(group, groups[0])
+        built = built_for(target, current)
+        if replay and target != group:
+            built = [n for n in built if replay.tells_apart(n)]
+        if built and not any(LIBRARY[n].built_for(target) for n in current if n in LIBRARY) and not set(built) & set(changed):
+            missing[group] = built
+    return missing
+
+
+def _named(group: str, start: str) -> str:
+    """A group the edit answers, in words."""
+    if group == start:
+        return f"{group.partition('/')[0].replace('_', ' ')}, the failure group it starts from"
+    target = answered_by(group, start)
+    if target == group:
+        return f"{group.partition('/')[0].replace('_', ' ')}, the failure group on the other side of the pairs"
+    return f"going on with {group.partition('/')[2].replace('_', ' ')} twins, which the other side of the pairs ({group}) calls for"
 
 
 def _changed(edit: HarnessEdit, current: dict[str, dict]) -> list[str]:
@@ -162,13 +178,14 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
              private: frozenset[str] = frozenset(), replay: Replay | None = None) -> tuple[HarnessEdit, list[str]] | None:
     """The edit without its skills and prompt addition that fail their checks (a note for each); when it changes
     more components than allowed, with the current components it left out put back; and when that is all that is
-    wrong with its components but none of them is built for the failure kind it starts from, with the harness's
-    components as they are and the one built for it that `brief` (the diagnosis) names first, else the library's
-    first as the edit read it (`catalog_text`, with the `replay`), in place of its changes. When the rest passes;
-    None when the components still fail. A small model asked again often sends the same reply back (seen on the
-    local model: three asks, the last two identical, the candidate lost to one skill's vague trigger; a list of the
-    current components and two more that left one current component out, three changes; and three times the same
-    two write-order components for guessed identifiers, whose diagnosis had named `refuse_failed_repeat`)."""
+    wrong with its components but it adds nothing built for a failure group it answers (`unaddressed`), with the
+    harness's components as they are, the edit's first addition built for each group it does answer, and for each
+    one it does not, the component built for it that `brief` (the diagnosis) names first, else the library's first
+    as the edit read it (`catalog_text`, with the `replay`). When the rest passes; None when the components still
+    fail. A small model asked again often sends the same reply back (seen on the local model: three asks, the last
+    two identical, the candidate lost to one skill's vague trigger; a list of the current components and two more
+    that left one current component out, three changes; and three times the same two write-order components for
+    guessed identifiers, whose diagnosis had named `refuse_failed_repeat`)."""
     skills = [k for k in edit.skills if not skill_problems(k, private)]
     notes = [f"dropped: {p}" for k in edit.skills for p in skill_problems(k, private)]
     addition = edit.system_prompt_addition
@@ -183,15 +200,23 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
         notes.append(f"kept {', '.join(left_out)}: the edit left {'it' if len(left_out) == 1 else 'them'} out, which made more "
                      f"than {MAX_COMPONENT_CHANGES} component changes")
     kept = edit.model_copy(update={"skills": skills, "system_prompt_addition": addition, "components": components})
-    if (built := unaddressed(kept, current, groups)) and len(edit_problems(kept, current, groups, private=private)) == 1:
-        named = [n for n in built if n in brief]
-        pick = min(named, key=brief.index) if named else min(built, key=replay.preference) if replay else built[0]
-        start = groups[0].split("/")[0].replace("_", " ")
-        notes.append(f"enabled {pick}, built for {start}, in place of {', '.join(_changed(kept, current))}: the edit added no "
-                     f"component built for the failure group it starts from")
-        kept = kept.model_copy(update={"components": [ComponentChoice(name=n, params=p) for n, p in current.items()] + [
-            ComponentChoice(name=pick, addresses=groups[0])]})
-    return None if edit_problems(kept, current, groups, private=private) else (kept, notes)
+    missing = unaddressed(kept, current, groups, replay)
+    if missing and len(edit_problems(kept, current, groups, private=private, replay=replay)) == len(missing):
+        added = [c for c in kept.components if c.name not in current and c.name in LIBRARY]
+        answering = (next((c for c in added if LIBRARY[c.name].built_for(answered_by(g, groups[0]))), None)
+                     for g in pair_halves(groups) if g not in missing)
+        chosen = {c.name: c for c in answering if c}
+        for group, built in missing.items():
+            named = [n for n in built if n in brief]
+            acting = answered_by(group, groups[0]) != group
+            pick = (min(named, key=brief.index) if named else built[0] if not replay
+                    else min(built, key=lambda n: replay.preference(n, acting)))
+            chosen.setdefault(pick, ComponentChoice(name=pick, addresses=group))
+            notes.append(f"enabled {pick}: the edit added no component built for {_named(group, groups[0])}")
+        if dropped := sorted(set(_changed(kept, current)) - set(chosen)):
+            notes.append(f"left out {', '.join(dropped)}: built for no failure group the edit answers")
+        kept = kept.model_copy(update={"components": [ComponentChoice(name=n, params=p) for n, p in current.items()] + list(chosen.values())})
+    return None if edit_problems(kept, current, groups, private=private, replay=replay) else (kept, notes)
 
 
 def signature(bundle: Path) -> str:
@@ -333,7 +358,7 @@ async def structured_edit(staging: Path, brief: str, harness: str, model: str, t
     for ask in range(1, EDIT_ASKS + 1):
         edit, used = await llm.structured(messages, schema)
         usage.append(used)
-        problems, dropped = edit_problems(edit, current, list(groups), private=private), []
+        problems, dropped = edit_problems(edit, current, list(groups), private=private, replay=replay), []
         if problems and ask == EDIT_ASKS and (kept := salvaged(edit, current, list(groups), brief, private, replay)):
             (edit, dropped), problems = kept, []
         if not problems:

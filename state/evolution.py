@@ -4,6 +4,7 @@ candidate (ECDYSIS §3, HERA §3.2)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import Field
@@ -61,6 +62,28 @@ def group_key(group: FailureGroup) -> str:
     return f"{group.kind}/{group.category}"
 
 
+def pair_halves(groups: Sequence[str]) -> list[str]:
+    """The failure groups (keys) an edit answers: the one it starts from (`groups[0]`) and the first group on the
+    other side of the pairs, when there is one (a twin's when it starts from a feasible task's, and back). A pair
+    counts only when the agent acts on the one side and stops on the other: std17's one candidate answered H0's
+    invented ids, on feasible tasks and twins alike, and 13 of its 27 training and validation answers were then wrong
+    ones giving values no result held."""
+    if not groups:
+        return []
+    feasible = groups[0].partition("/")[2] == FEASIBLE
+    other = next((g for g in groups[1:] if (g.partition("/")[2] == FEASIBLE) != feasible), None)
+    return [groups[0]] + ([other] if other else [])
+
+
+def answered_by(group: str, start: str) -> str:
+    """The group whose components (`Component.built_for`) answer `group` in an edit that starts from `start`: the
+    group itself, or for a twin's group on the other side of the pairs, the agent going on with that twin
+    ("did_not_abstain/<category>"): what it does there once it no longer fails the way it fails now (std17's H0
+    failed every training twin by inventing ids; its candidate then answered them with values no result held)."""
+    kind, _, category = group.partition("/")
+    return group if group == start or category == FEASIBLE else f"did_not_abstain/{category}"
+
+
 class Replay(Record):
     """The component library run over the graded training episodes a diagnosis read, as recorded
     (`roles.failure_analyst.replay_library`): how many failed and passed, and per component in how many of each it
@@ -78,11 +101,18 @@ class Replay(Record):
         failed, passed = self.stepped_in.get(component, (0, 0))
         return passed - failed
 
-    def preference(self, component: str) -> tuple[int, int]:
-        """How the components built for one failure group are ordered for the roles that choose them, lowest first:
-        `net`, then feasible sides minus twins of the training pairs' reference solutions it steps into."""
+    def tells_apart(self, component: str) -> bool:
+        """Whether it steps into more of the training pairs' twins than of their feasible sides (`references`)."""
         twins, feasible = self.references.get(component, (0, 0))
-        return self.net(component), feasible - twins
+        return twins > feasible
+
+    def preference(self, component: str, acting: bool = False) -> tuple[int, int]:
+        """How the components built for one failure group are ordered for the roles that choose them, lowest first:
+        `net`, then feasible sides minus twins of the training pairs' reference solutions it steps into; those two the
+        other way round for what the agent will do once it acts (`acting`), which its episodes do not show yet."""
+        twins, feasible = self.references.get(component, (0, 0))
+        order = (self.net(component), feasible - twins)
+        return order[::-1] if acting else order
 
 
 class Diagnosis(Record):

@@ -38,7 +38,8 @@ from roles.harness_optimizer import (
 )
 from roles.models import InfrastructureError
 from state.context import Context
-from state.evolution import FEASIBLE, ComponentChoice, Diagnosis, FailureGroup, FailureRecord, HarnessEdit, ModificationSpec, Replay, Skill
+from state.evolution import (FEASIBLE, ComponentChoice, Diagnosis, FailureGroup, FailureRecord, HarnessEdit, ModificationSpec, Replay, Skill,
+                             answered_by, pair_halves)
 from state.ledger import Ledger
 from state.records import EpisodeKey, EpisodeRecord, Grade, Observation
 from tests.conftest import FIXTURES
@@ -292,6 +293,10 @@ def test_candidates_start_from_the_groups_no_earlier_block_started_from_then_tur
         "over_abstained/none", "guessed_identifier/missing_evidence", "ungrounded_abstain/missing_evidence"]
     assert keys(starting_order(groups, keys(groups), 0)) == keys(groups)  # every group tried: as diagnosed again
     assert starting_order((), ["x/y"], 3) == ()
+    # the first group on the other side of the pairs comes second
+    mixed = groups + (FailureGroup(kind="turn_limit", category=FEASIBLE, pair_ids=("q",), recurring=False),)
+    assert keys(starting_order(mixed, [], 0)) == ["guessed_identifier/missing_evidence", "turn_limit/feasible",
+                                                   "ungrounded_abstain/missing_evidence", "over_abstained/none"]
 
 
 def test_a_block_starting_from_an_earlier_blocks_c1_names_its_candidates_past_it():
@@ -583,9 +588,11 @@ def test_the_last_ask_with_nothing_built_for_the_failure_gets_the_component_the_
     brief = "Invented ids. Skills: read_before_write, refuse_failed_repeat, answer_from_results."
     notes, usage, problems = asyncio.run(structured_edit(staging, brief, "H0", "scripted:optimizer", 60, [guessed, GROUP]))
     assert problems == [] and len(usage) == 3
-    assert notes[-1] == ("enabled refuse_failed_repeat, built for guessed identifier, in place of answer_from_results, read_before_write: "
-                         "the edit added no component built for the failure group it starts from")
-    assert [c["name"] for c in yaml.safe_load((staging / "components.yaml").read_text())] == ["check_before_commit", "refuse_failed_repeat"]
+    assert notes[-2:] == ["enabled refuse_failed_repeat: the edit added no component built for guessed identifier, the failure group it starts from",
+                          "left out answer_from_results: built for no failure group the edit answers"]
+    # read_before_write, the edit's first for the other side of the pairs (did not abstain), stays
+    assert [c["name"] for c in yaml.safe_load((staging / "components.yaml").read_text())] == [
+        "check_before_commit", "read_before_write", "refuse_failed_repeat"]
     # a diagnosis that names none of them: the library's first
     built = [c.name for c in LIBRARY.values() if "guessed_identifier" in c.addresses]
     kept, _ = salvaged(HarnessEdit.model_validate(wrong), {}, [guessed], "Invented ids.")
@@ -598,6 +605,41 @@ def test_the_last_ask_with_nothing_built_for_the_failure_gets_the_component_the_
     # more wrong with the components than that: still rejected
     untied = HarnessEdit.model_validate({**wrong, "components": [{"name": "read_before_write", "addresses": "nothing/none"}]})
     assert salvaged(untied, {}, [guessed], brief) is None
+
+
+def test_an_edit_answers_both_sides_of_the_pairs_and_a_twin_it_will_act_on_by_what_tells_twins_apart():
+    """std17: H0 failed every training episode by inventing ids, feasible tasks and twins alike; its one candidate
+    answered that with ground_identifiers and nothing else, and 13 of its 27 training and validation answers were
+    then wrong ones with values no result held, which answer_from_results sends back."""
+    feasible, twin = "guessed_identifier/feasible", "guessed_identifier/ambiguous_entity"
+    assert pair_halves([feasible, "turn_limit/feasible", twin]) == [feasible, twin]
+    assert pair_halves([twin, "over_abstained/stale_record", feasible]) == [twin, feasible]
+    assert pair_halves([feasible, "turn_limit/feasible"]) == [feasible] and pair_halves([]) == []
+    assert answered_by(twin, feasible) == "did_not_abstain/ambiguous_entity" and answered_by(feasible, twin) == feasible
+    replay = Replay(failed=8, pairs=4, stepped_in={"ground_identifiers": (6, 0), "flag_multiple_matches": (2, 0)},
+                    references={"answer_from_results": (3, 0), "flag_multiple_matches": (2, 3), "stop_on_negative_evidence": (1, 0)})
+    wrong = HarnessEdit.model_validate({**EDIT, "components": [{"name": "read_before_write", "addresses": feasible},
+                                                               {"name": "call_before_answering", "addresses": feasible}]})
+    groups = [feasible, "turn_limit/feasible", twin]
+    problems = edit_problems(wrong, {}, groups, replay=replay)
+    assert problems == [
+        "it adds no component built for guessed identifier, the failure group it starts from (one of: "
+        + ", ".join(c.name for c in LIBRARY.values() if "guessed_identifier" in c.addresses) + ")",
+        "it adds no component built for going on with ambiguous entity twins, which the other side of the pairs "
+        f"({twin}) calls for (one of: " + ", ".join(n for n in LIBRARY if n in ("answer_from_results", "stop_on_negative_evidence")) + ")"]
+    # read_before_write is built for agents that go on, but steps into none of the twins' reference solutions: without
+    # the replay it counts, with it it does not
+    assert len(edit_problems(wrong, {}, groups)) == 1
+    kept, notes = salvaged(wrong, {}, groups, "Invented ids.", replay=replay)
+    assert [(c.name, c.addresses) for c in kept.components] == [("ground_identifiers", feasible), ("answer_from_results", twin)]
+    assert notes[-1] == "left out call_before_answering, read_before_write: built for no failure group the edit answers"
+    # an edit that answers both stands as it is; a harness that has one for the twins needs none
+    both = wrong.model_copy(update={"components": [ComponentChoice(name="ground_identifiers", addresses=feasible),
+                                                   ComponentChoice(name="stop_on_negative_evidence", addresses=twin)]})
+    assert edit_problems(both, {}, groups, replay=replay) == []
+    alone = wrong.model_copy(update={"components": [ComponentChoice(name="ground_identifiers", addresses=feasible)]})
+    assert edit_problems(alone, {"stop_on_negative_evidence": {}}, groups, replay=replay) == []
+    assert len(edit_problems(alone, {}, groups, replay=replay)) == 1
 
 
 def test_an_edit_that_changes_nothing_is_asked_again_with_the_components_built_for_the_failure(staging):
