@@ -19,7 +19,7 @@ from langchain_core.messages import HumanMessage
 from pydantic import Field
 
 from harness.abi import BaseHarness, Decision, EpisodeView, Final, ToolRequest, action_schema, answer_schema, call_hook
-from state.evolution import Replay
+from state.evolution import Replay, answered_by, pair_halves
 from state.records import Observation, Record, ToolInfo, scalars
 
 NEGATIVE_MARKERS = ("unavailable", "revoked", "expired", "suspended", "withdrawn", "unauthorized", "not authorized",
@@ -334,7 +334,7 @@ class GroundIdentifiers(Component):
     name = "ground_identifiers"
     addresses = ('guessed_identifier',)
     summary = ("does not run a call whose identifier appears nowhere in the request, the tool descriptions or an earlier "
-               "result (a guessed id); names the read-only tools that can find it")
+               "result (a guessed id); names the read-only tools that can find it and a search by what the request names")
 
     def before_tool_call(self, view, call):
         tool = next((t for t in view.tools if t.name == call.name), None)
@@ -343,8 +343,19 @@ class GroundIdentifiers(Component):
             return None
         field, value = unseen[0]
         tools = ", ".join(_tools_carrying(view, field)) or "the read-only tools"
+        searches = _searches(view)[:2]
+        example = f" Search by what the request names, for example {' or '.join(searches)}." if searches else ""
         return Decision(action="block", message=f"Not run: {field}={value!r} appears nowhere in the request or in any result so far, "
-                                                f"so it would be a guess. Find the real value first, with {tools}.")
+                                                f"so it would be a guess. Find the real value first, with {tools}.{example}")
+
+
+def _searches(view: EpisodeView) -> list[str]:
+    """Searches by what the request names (`request_terms`, `search_tools`) the agent has not made yet, as calls to
+    copy: the local model, told only which tools find an id, called get_order with the same invented order id until
+    the turn limit (std17: 5 of c1's 34 training and validation episodes ended so, every call blocked as a guess)."""
+    made = [(o.tool, o.args) for o in view.observations]
+    return [f"{t.name}({arg}={term!r})" for term in request_terms(view.instruction) for t, arg in search_tools(view)
+            if (t.name, {arg: term}) not in made]
 
 
 class ReadBeforeWrite(Component):
@@ -465,11 +476,17 @@ def _parts(phrase: str) -> list[str]:
     return parts
 
 
+QUANTITY = re.compile(r"^\d+(?:[.:]\d+)?-?(?:am|pm|st|nd|rd|th|h|hrs?|min|mins|days?|weeks?|months?|years?|kg|g|mg|ml|lbs?|km|mi|mph|ft)$",
+                      re.IGNORECASE)  # "7pm", "20th", "90-day": no record a search finds
+
+
 def request_terms(instruction: str, limit: int = 6) -> list[str]:
-    """What a request names that a search could find: quoted text, record keys and capitalised phrases, in order."""
+    """What a request names that a search could find: quoted text, record keys (not times, dates or quantities) and
+    capitalised phrases, in order."""
     terms: list[str] = []
     found = [m.group(1) or m.group(2) for m in QUOTED.finditer(instruction)]
-    found += [t for t in re.findall(r"[A-Za-z0-9][\w\-/#]*[A-Za-z0-9]", instruction) if KEY_SHAPE.match(t) and not NOT_A_KEY.match(t)]
+    found += [t for t in re.findall(r"[A-Za-z0-9][\w\-/#]*[A-Za-z0-9]", instruction)
+              if KEY_SHAPE.match(t) and not NOT_A_KEY.match(t) and not QUANTITY.match(t)]
     found += [part for m in CAPITALISED.finditer(instruction) for part in _parts(m.group(0))]
     for raw in found:
         term = _term(raw)
@@ -1094,17 +1111,24 @@ def catalog_text(groups: Iterable[str] = (), replay: Replay | None = None) -> st
     it was built for them); with a `replay` of the training episodes, each marked with how many failed and passed ones
     it would have stepped into, and of those built for the same group, the ones that step into more failures than
     passed episodes first, then those that step into more of the training pairs' twins than of their feasible sides
-    when their reference solutions are replayed (`Replay.references`: what it does once the agent acts)."""
+    when their reference solutions are replayed (`Replay.references`: what it does once the agent acts); for the twin
+    the agent will act on (`built`), those two the other way round."""
     order = list(dict.fromkeys(groups))
+    halves = pair_halves(order)
+    acting = halves[1] if len(halves) == 2 and answered_by(halves[1], halves[0]) != halves[1] else None
 
     def built(cls: type[Component]) -> dict[str, int]:
-        """What it is built for, in words, with the first group that shows it."""
+        """What it is built for, in words, with the first group that shows it; for a twin of the other side of the
+        pairs that the agent will act on once it no longer fails as it does now (`answered_by`), the ones built for
+        going on with it that step into more of its twins than of their feasible sides (`unaddressed` asks for one)."""
         found: dict[str, int] = {}
         for i, (kind, _, category) in enumerate(g.partition("/") for g in order):
             if kind in cls.addresses:
                 found.setdefault(kind.replace("_", " "), i)
             if category in cls.categories:
                 found.setdefault(f"{category.replace('_', ' ')} twins", i)
+            elif order[i] == acting and cls.built_for(answered_by(acting, order[0])) and (not replay or replay.tells_apart(cls.name)):
+                found.setdefault(f"going on with {category.replace('_', ' ')} twins", i)
         return found
 
     def line(cls: type[Component], found: dict[str, int]) -> str:
@@ -1125,7 +1149,8 @@ def catalog_text(groups: Iterable[str] = (), replay: Replay | None = None) -> st
 
     def rank(item: tuple[type[Component], dict[str, int]]) -> tuple[int, tuple[int, int]]:
         cls, found = item
-        return min(found.values(), default=len(order)), replay.preference(cls.name) if replay else (0, 0)
+        first = min(found.values(), default=len(order))
+        return first, replay.preference(cls.name, first < len(order) and order[first] == acting) if replay else (0, 0)
 
     marks = {cls: built(cls) for cls in LIBRARY.values()}
     return "\n".join(line(cls, found) for cls, found in sorted(marks.items(), key=rank))

@@ -229,7 +229,12 @@ def test_ground_identifiers_blocks_an_id_seen_nowhere_and_names_the_tools_that_f
     decision = c.before_tool_call(small_view(), call("get_permit", permit_id="BP-2291"))
     assert decision.action == "block"
     assert decision.message == ("Not run: permit_id='BP-2291' appears nowhere in the request or in any result so far, so it "
-                                "would be a guess. Find the real value first, with find_permits, get_permit.")
+                                "would be a guess. Find the real value first, with find_permits, get_permit. Search by what the "
+                                "request names, for example find_permits(name='Ana Ruiz').")
+    # a search already made is not suggested again
+    none_found = seen("find_permits", {"name": "Ana Ruiz"}, [])
+    assert c.before_tool_call(small_view(none_found), call("get_permit", permit_id="BP-2291")).message.endswith(
+        "Find the real value first, with find_permits, get_permit.")
     found = seen("find_permits", {"name": "Ana Ruiz"}, [{"permit_id": "BP-2291"}], source="harness")
     assert c.before_tool_call(small_view(found), call("get_permit", permit_id="bp-2291")) is None  # first seen in a result
     assert c.before_tool_call(small_view(instruction="Issue permit BP-2291."), call("issue_permit", permit_id="BP-2291")) is None

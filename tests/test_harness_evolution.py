@@ -627,6 +627,12 @@ def test_an_edit_answers_both_sides_of_the_pairs_and_a_twin_it_will_act_on_by_wh
         + ", ".join(c.name for c in LIBRARY.values() if "guessed_identifier" in c.addresses) + ")",
         "it adds no component built for going on with ambiguous entity twins, which the other side of the pairs "
         f"({twin}) calls for (one of: " + ", ".join(n for n in LIBRARY if n in ("answer_from_results", "stop_on_negative_evidence")) + ")"]
+    # the roles read them in that order, after what is built for the groups before the twin's
+    lines = catalog_text(groups, replay).splitlines()
+    names = [line.split()[1] for line in lines]
+    assert names.index("suppress_duplicate_calls") < names.index("answer_from_results") < names.index("stop_on_negative_evidence")
+    assert "(built for: going on with ambiguous entity twins;" in lines[names.index("answer_from_results")]
+    assert "going on" not in lines[names.index("read_before_write")] and "going on" not in lines[names.index("flag_multiple_matches")]
     # read_before_write is built for agents that go on, but steps into none of the twins' reference solutions: without
     # the replay it counts, with it it does not
     assert len(edit_problems(wrong, {}, groups)) == 1
