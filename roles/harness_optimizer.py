@@ -31,7 +31,8 @@ from harness.components import LIBRARY, ComponentName, catalog_text
 from harness.leakage import quoted
 from prompts import render
 from roles.models import chat_model
-from state.evolution import ComponentChoice, FailureKind, FailureRecord, HarnessEdit, ModificationSpec, Replay, Skill, answered_by, pair_halves
+from state.evolution import (ComponentChoice, FailureKind, FailureRecord, HarnessEdit, ModificationSpec, Replay, Skill, answered_by,
+                             pair_halves)
 from state.records import CATEGORIES, ToolInfo, UsageRecord, content_hash
 
 EDITABLE = ("prompts", "skills", "subagents", "hooks.py", "components.yaml", "config.yaml", "memory.yaml")
@@ -94,9 +95,9 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
                   private: frozenset[str] = frozenset(), replay: Replay | None = None) -> list[str]:
     """What makes a structured edit not worth applying, checked by code: too many component changes, a change tied to
     no failure group, components changed of which none is built for the failure group it starts from (`groups[0]`),
-    or for the first one of the other half of a pair, when the harness has none and the library has one (std5's
-    optimizer, started from guessed identifiers, added two write-order components), a prompt addition that is not an instruction to the agent, a skill without a trigger and
-    an action, a prompt addition or skill that quotes a `private` value of the pool (`harness.leakage`)."""
+    or for the first one on the other side of the pairs, when the harness has none and the library has one (std5's
+    optimizer, started from guessed identifiers, added two write-order components), a prompt addition that is not
+    an instruction to the agent, a skill without a trigger and an action, a prompt addition or skill that quotes a `private` value of the pool (`harness.leakage`)."""
     problems = []
     chosen = {c.name: c for c in edit.components}
     changed = _changed(edit, current)
@@ -215,7 +216,8 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
             notes.append(f"enabled {pick}: the edit added no component built for {_named(group, groups[0])}")
         if dropped := sorted(set(_changed(kept, current)) - set(chosen)):
             notes.append(f"left out {', '.join(dropped)}: built for no failure group the edit answers")
-        kept = kept.model_copy(update={"components": [ComponentChoice(name=n, params=p) for n, p in current.items()] + list(chosen.values())})
+        kept = kept.model_copy(update={"components": [ComponentChoice(name=n, params=p) for n, p in current.items()]
+                                       + list(chosen.values())})
     return None if edit_problems(kept, current, groups, private=private, replay=replay) else (kept, notes)
 
 

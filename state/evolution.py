@@ -80,7 +80,7 @@ def answered_by(group: str, start: str) -> str:
     group itself, or for a twin's group on the other side of the pairs, the agent going on with that twin
     ("did_not_abstain/<category>"): what it does there once it no longer fails the way it fails now (std17's H0
     failed every training twin by inventing ids; its candidate then answered them with values no result held)."""
-    kind, _, category = group.partition("/")
+    category = group.partition("/")[2]
     return group if group == start or category == FEASIBLE else f"did_not_abstain/{category}"
 
 
