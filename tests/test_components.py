@@ -365,6 +365,9 @@ def test_request_terms_drop_sentence_openers_and_split_two_names_joined_by_and()
         "CCB-7", "Cascade Comfort Heating & Air"]
     assert request_terms("Amara Osei and Lucas Brandt signed with Whitmore & Hale. Tell me when Lena Hoffmann's VPN ends.") == [
         "Amara Osei", "Lucas Brandt", "Whitmore & Hale", "Lena Hoffmann", "VPN"]
+    # times, ordinals and quantities are no record a search finds; a key that starts with digits is
+    assert request_terms("Book Jordan Ellis on a flight after 7pm on the 20th for the 90-day pilot, ticket 4521-B.") == [
+        "4521-B", "Jordan Ellis"]
 
 
 def test_search_tools_take_names_addresses_and_locations_but_not_a_tool_that_needs_more():
