@@ -334,27 +334,43 @@ class GroundIdentifiers(Component):
     name = "ground_identifiers"
     addresses = ('guessed_identifier',)
     summary = ("does not run a call whose identifier appears nowhere in the request, the tool descriptions or an earlier "
-               "result (a guessed id); names the read-only tools that can find it and a search by what the request names")
+               "result (a guessed id); names the read-only tools that can find it and a search by what the request names, "
+               "and from the second guess on makes that search and shows its result")
 
-    def before_tool_call(self, view, call):
+    class Params(Record):
+        search_from: int = Field(2, ge=0, description="the guess from which the harness makes the search itself (0: never)")
+
+    async def before_tool_call(self, view, call):
         tool = next((t for t in view.tools if t.name == call.name), None)
         unseen = _unseen(call.args, tool, _known(view))
         if not unseen:
             return None
         field, value = unseen[0]
-        tools = ", ".join(_tools_carrying(view, field)) or "the read-only tools"
-        searches = _searches(view)[:2]
-        example = f" Search by what the request names, for example {' or '.join(searches)}." if searches else ""
-        return Decision(action="block", message=f"Not run: {field}={value!r} appears nowhere in the request or in any result so far, "
-                                                f"so it would be a guess. Find the real value first, with {tools}.{example}")
+        guesses = view.memory["guesses"] = view.memory.get("guesses", 0) + 1
+        message = (f"Not run: {field}={value!r} appears nowhere in the request or in any result so far, so it would be a guess. "
+                   f"Find the real value first, with {', '.join(_tools_carrying(view, field)) or 'the read-only tools'}.")
+        searches = _searches(view)
+        if searches and self.params.search_from and guesses >= self.params.search_from and view.lookup is not None:
+            name, args = searches[0]
+            o = await view.lookup(name, args)
+            shown = (f"failed ({o.error_code}: {o.message})" if not o.ok else "found nothing" if not _nonempty(o.output)
+                     else f"returned: {json.dumps(_compact(o.visible, 5)[0], ensure_ascii=False, default=str)}\nUse the ids it shows.")
+            return Decision(action="block", message=f"{message} I searched for you: {_call_text(name, args)} {shown}")
+        if searches:
+            message += f" Search by what the request names, for example {' or '.join(_call_text(*c) for c in searches[:2])}."
+        return Decision(action="block", message=message)
 
 
-def _searches(view: EpisodeView) -> list[str]:
-    """Searches by what the request names (`request_terms`, `search_tools`) the agent has not made yet, as calls to
-    copy: the local model, told only which tools find an id, called get_order with the same invented order id until
-    the turn limit (std17: 5 of c1's 34 training and validation episodes ended so, every call blocked as a guess)."""
+def _call_text(name: str, args: dict[str, Any]) -> str:
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+
+
+def _searches(view: EpisodeView) -> list[tuple[str, dict[str, str]]]:
+    """Searches by what the request names (`request_terms`, `search_tools`) not made yet, as (tool, arguments): the
+    local model, told only which tools find an id, called get_order with the same invented order id until the turn
+    limit (std17: 5 of c1's 34 training and validation episodes ended so, every call blocked as a guess)."""
     made = [(o.tool, o.args) for o in view.observations]
-    return [f"{t.name}({arg}={term!r})" for term in request_terms(view.instruction) for t, arg in search_tools(view)
+    return [(t.name, {arg: term}) for term in request_terms(view.instruction) for t, arg in search_tools(view)
             if (t.name, {arg: term}) not in made]
 
 

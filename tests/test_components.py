@@ -226,32 +226,61 @@ def call(_tool, **args) -> ToolRequest:
 
 def test_ground_identifiers_blocks_an_id_seen_nowhere_and_names_the_tools_that_find_it():
     c = GroundIdentifiers()
-    decision = c.before_tool_call(small_view(), call("get_permit", permit_id="BP-2291"))
+    guess = lambda v, request: asyncio.run(c.before_tool_call(v, request))  # noqa: E731
+    decision = guess(small_view(), call("get_permit", permit_id="BP-2291"))
     assert decision.action == "block"
     assert decision.message == ("Not run: permit_id='BP-2291' appears nowhere in the request or in any result so far, so it "
                                 "would be a guess. Find the real value first, with find_permits, get_permit. Search by what the "
                                 "request names, for example find_permits(name='Ana Ruiz').")
     # a search already made is not suggested again
     none_found = seen("find_permits", {"name": "Ana Ruiz"}, [])
-    assert c.before_tool_call(small_view(none_found), call("get_permit", permit_id="BP-2291")).message.endswith(
+    assert guess(small_view(none_found), call("get_permit", permit_id="BP-2291")).message.endswith(
         "Find the real value first, with find_permits, get_permit.")
     found = seen("find_permits", {"name": "Ana Ruiz"}, [{"permit_id": "BP-2291"}], source="harness")
-    assert c.before_tool_call(small_view(found), call("get_permit", permit_id="bp-2291")) is None  # first seen in a result
-    assert c.before_tool_call(small_view(instruction="Issue permit BP-2291."), call("issue_permit", permit_id="BP-2291")) is None
+    assert guess(small_view(found), call("get_permit", permit_id="bp-2291")) is None  # first seen in a result
+    assert guess(small_view(instruction="Issue permit BP-2291."), call("issue_permit", permit_id="BP-2291")) is None
     # not identifiers: names, enum values, amounts, dates; and an id that is only a prefix of one seen is still unseen
-    assert c.before_tool_call(small_view(), call("find_permits", name="Ana Ruiz")) is None
-    assert c.before_tool_call(small_view(found), call("issue_permit", permit_id="BP-2291", fee=120.5, kind="B2")) is None
-    assert c.before_tool_call(small_view(found), call("get_permit", permit_id="BP-229")).action == "block"
+    assert guess(small_view(), call("find_permits", name="Ana Ruiz")) is None
+    assert guess(small_view(found), call("issue_permit", permit_id="BP-2291", fee=120.5, kind="B2")) is None
+    assert guess(small_view(found), call("get_permit", permit_id="BP-229")).action == "block"
     # an id a tool description gives as an example is no record; one it names otherwise is known
     described = small_view()
     described.tools = [GET.model_copy(update={"description": 'One permit by its id, such as "BP-9999"; the office is OFF-12.'}), ISSUE]
-    assert c.before_tool_call(described, call("get_permit", permit_id="BP-9999")).action == "block"
-    assert c.before_tool_call(described, call("get_permit", permit_id="OFF-12")) is None
+    assert guess(described, call("get_permit", permit_id="BP-9999")).action == "block"
+    assert guess(described, call("get_permit", permit_id="OFF-12")) is None
     # an id a call found a record with is known; one a call found nothing with is still a guess
     got = seen("get_permit", {"permit_id": "BP-7"}, {"owner_consent": "revoked"})
-    assert c.before_tool_call(small_view(got), call("issue_permit", permit_id="BP-7")) is None
+    assert guess(small_view(got), call("issue_permit", permit_id="BP-7")) is None
     empty = seen("find_permits", {"name": "BP-8"}, [])
-    assert c.before_tool_call(small_view(empty), call("issue_permit", permit_id="BP-8")).action == "block"
+    assert guess(small_view(empty), call("issue_permit", permit_id="BP-8")).action == "block"
+
+
+def test_ground_identifiers_makes_the_search_itself_from_the_second_guess():
+    """std18: the local model, told which tools find an id, called get_order with the same invented id nine times."""
+    made = []
+
+    async def lookup(tool, args):
+        made.append((tool, args))
+        found = [{"permit_id": "BP-7", "status": "open"}] if args == {"name": "Ana Ruiz"} else []
+        v.observations.append(seen(tool, args, found, source="harness"))
+        return v.observations[-1]
+
+    v, c = small_view(lookup=lookup), GroundIdentifiers()
+    first = asyncio.run(c.before_tool_call(v, call("get_permit", permit_id="BP-1")))
+    assert made == [] and first.message.endswith("for example find_permits(name='Ana Ruiz').")
+    second = asyncio.run(c.before_tool_call(v, call("get_permit", permit_id="BP-1")))
+    assert made == [("find_permits", {"name": "Ana Ruiz"})]
+    assert second.action == "block" and second.message.endswith(
+        'I searched for you: find_permits(name=\'Ana Ruiz\') returned: [{"permit_id": "BP-7", "status": "open"}]\nUse the ids it shows.')
+    assert asyncio.run(c.before_tool_call(v, call("get_permit", permit_id="BP-7"))) is None  # now seen
+    # nothing left to search: the message alone; and never with search_from 0
+    third = asyncio.run(c.before_tool_call(v, call("get_permit", permit_id="BP-2")))
+    assert made == [("find_permits", {"name": "Ana Ruiz"})] and third.message.endswith("with find_permits, get_permit.")
+    v2 = small_view(lookup=lookup)
+    never = GroundIdentifiers({"search_from": 0})
+    for _ in range(3):
+        asyncio.run(never.before_tool_call(v2, call("get_permit", permit_id="BP-1")))
+    assert len(made) == 1
 
 
 def test_one_write_per_turn():
