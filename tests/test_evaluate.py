@@ -282,7 +282,8 @@ def test_an_endpoint_lost_mid_run_stops_it_and_a_resume_loses_nothing(context):
     assert not m.complete and (m.planned, m.finished) == (4, 2)
     assert endpoint_down("scripted:agent").startswith("scripted:agent: 3 calls in a row found no endpoint answering")
     statuses = [a["status"] for a in Ledger(context.ledger).attempts(run_id)]
-    assert statuses == ["done", "done", "infrastructure_error", "infrastructure_error", "infrastructure_error"]
+    # episodes run concurrently: an attempt of trial 1 may be recorded before trial 0's second one is
+    assert sorted(statuses) == ["done", "done", "infrastructure_error", "infrastructure_error", "infrastructure_error"]
     scripted.register("agent", [shop_agent] * 5)  # back: the resume runs only trial 1
     scripted.register("judge", [])  # trial 1's answers are trial 0's, whose verdicts the ledger keeps
     assert evaluate(context, trials=2, run_id=run_id)[1].complete
