@@ -117,20 +117,34 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
 
 def unaddressed(edit: HarnessEdit, current: dict[str, dict], groups: list[str], replay: Replay | None = None) -> dict[str, list[str]]:
     """Per failure group the edit answers (`pair_halves`: the one it starts from and the first on the other side of
-    the pairs) that neither the harness nor the edit has a component for (`answered_by`), the library's components
-    built for it; {} for an edit that changes no components. For what the agent will do on a twin once it acts,
-    which no episode shows yet, only those that step into more of the training pairs' twins than of their feasible
-    sides when their reference solutions are replayed (`Replay.references`) count, when there is a `replay`."""
-    changed = _changed(edit, current)
-    missing = {}
-    for group in pair_halves(groups) if changed else []:
-        target = answered_by(group, groups[0])
-        built = built_for(target, current)
-        if replay and target != group:
-            built = [n for n in built if replay.tells_apart(n)]
-        if built and not any(LIBRARY[n].built_for(target) for n in current if n in LIBRARY) and not set(built) & set(changed):
-            missing[group] = built
-    return missing
+    the pairs) that no component of the harness or of the edit's additions answers (`answers`, each half by one of its
+    own), the library's components that would; {} for an edit that changes no components."""
+    if not _changed(edit, current):
+        return {}
+    added = [c.name for c in edit.components if c.name not in current]
+    have = _assigned([*current, *added], groups, replay)
+    return {g: built for g in pair_halves(groups) if g not in have
+            and (built := [n for n in LIBRARY if n not in current and n not in have.values() and answers(n, g, groups[0], replay)])}
+
+
+def answers(name: str, group: str, start: str, replay: Replay | None = None) -> bool:
+    """Whether the library's component `name` answers `group` in an edit that starts from `start`: it is built for it
+    (`Component.built_for`), or, for a twin's group on the other side of the pairs, for the agent going on with that
+    twin (`answered_by`) and, with a `replay`, steps into more of the training pairs' twins than of their feasible
+    sides when their reference solutions are replayed (`Replay.references`): what the agent does there once it acts,
+    which no episode shows yet."""
+    cls, target = LIBRARY.get(name), answered_by(group, start)
+    return cls is not None and (cls.built_for(group) or target != group and cls.built_for(target)
+                                and (replay is None or replay.tells_apart(name)))
+
+
+def _assigned(names: list[str], groups: list[str], replay: Replay | None) -> dict[str, str]:
+    """The halves (`pair_halves`) that components `names` answer, each by one of its own, the first that does."""
+    found: dict[str, str] = {}
+    for group in pair_halves(groups):
+        if name := next((n for n in names if n not in found.values() and answers(n, group, groups[0], replay)), None):
+            found[group] = name
+    return found
 
 
 def _named(group: str, start: str) -> str:
@@ -140,7 +154,8 @@ def _named(group: str, start: str) -> str:
     target = answered_by(group, start)
     if target == group:
         return f"{group.partition('/')[0].replace('_', ' ')}, the failure group on the other side of the pairs"
-    return f"going on with {group.partition('/')[2].replace('_', ' ')} twins, which the other side of the pairs ({group}) calls for"
+    return (f"{group.partition('/')[0].replace('_', ' ')} on the other side of the pairs ({group}), nor for going on with "
+            f"{group.partition('/')[2].replace('_', ' ')} twins, besides the one for the group it starts from")
 
 
 def _changed(edit: HarnessEdit, current: dict[str, dict]) -> list[str]:
@@ -203,11 +218,10 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
     kept = edit.model_copy(update={"skills": skills, "system_prompt_addition": addition, "components": components})
     missing = unaddressed(kept, current, groups, replay)
     if missing and len(edit_problems(kept, current, groups, private=private, replay=replay)) == len(missing):
-        added = [c for c in kept.components if c.name not in current and c.name in LIBRARY]
-        answering = (next((c for c in added if LIBRARY[c.name].built_for(answered_by(g, groups[0]))), None)
-                     for g in pair_halves(groups) if g not in missing)
-        chosen = {c.name: c for c in answering if c}
+        added = {c.name: c for c in kept.components if c.name not in current}
+        chosen = {n: added[n] for n in _assigned(list(added), groups, replay).values()}
         for group, built in missing.items():
+            built = [n for n in built if n not in chosen]
             named = [n for n in built if n in brief]
             acting = answered_by(group, groups[0]) != group
             pick = (min(named, key=brief.index) if named else built[0] if not replay

@@ -256,7 +256,7 @@ def test_ground_identifiers_blocks_an_id_seen_nowhere_and_names_the_tools_that_f
 
 
 def test_ground_identifiers_makes_the_search_itself_from_the_second_guess():
-    """std18: the local model, told which tools find an id, called get_order with the same invented id nine times."""
+    """std18: the local model, told which tools find an id, called get_order with the same invented id in 7 of 10 turns."""
     made = []
 
     async def lookup(tool, args):

@@ -625,8 +625,9 @@ def test_an_edit_answers_both_sides_of_the_pairs_and_a_twin_it_will_act_on_by_wh
     assert problems == [
         "it adds no component built for guessed identifier, the failure group it starts from (one of: "
         + ", ".join(c.name for c in LIBRARY.values() if "guessed_identifier" in c.addresses) + ")",
-        "it adds no component built for going on with ambiguous entity twins, which the other side of the pairs "
-        f"({twin}) calls for (one of: " + ", ".join(n for n in LIBRARY if n in ("answer_from_results", "stop_on_negative_evidence")) + ")"]
+        f"it adds no component built for guessed identifier on the other side of the pairs ({twin}), nor for going on with "
+        "ambiguous entity twins, besides the one for the group it starts from (one of: " + ", ".join(
+            n for n, c in LIBRARY.items() if c.built_for(twin) or n in ("answer_from_results", "stop_on_negative_evidence")) + ")"]
     # the roles read them in that order, after what is built for the groups before the twin's
     lines = catalog_text(groups, replay).splitlines()
     names = [line.split()[1] for line in lines]
@@ -639,6 +640,11 @@ def test_an_edit_answers_both_sides_of_the_pairs_and_a_twin_it_will_act_on_by_wh
     kept, notes = salvaged(wrong, {}, groups, "Invented ids.", replay=replay)
     assert [(c.name, c.addresses) for c in kept.components] == [("ground_identifiers", feasible), ("answer_from_results", twin)]
     assert notes[-1] == "left out call_before_answering, read_before_write: built for no failure group the edit answers"
+    # std18: the local model's edit, ground_identifiers and resolve_named_entities (built for guessed identifiers on
+    # twins as much), stands; ground_identifiers alone answers one side only
+    assert edit_problems(wrong.model_copy(update={"components": [ComponentChoice(name="ground_identifiers", addresses=feasible),
+                                                                 ComponentChoice(name="resolve_named_entities", addresses=twin)]}),
+                         {}, groups, replay=replay) == []
     # an edit that answers both stands as it is; a harness that has one for the twins needs none
     both = wrong.model_copy(update={"components": [ComponentChoice(name="ground_identifiers", addresses=feasible),
                                                    ComponentChoice(name="stop_on_negative_evidence", addresses=twin)]})
