@@ -97,7 +97,8 @@ def edit_problems(edit: HarnessEdit, current: dict[str, dict], groups: list[str]
     no failure group, components changed of which none is built for the failure group it starts from (`groups[0]`),
     or for the first one on the other side of the pairs, when the harness has none and the library has one (std5's
     optimizer, started from guessed identifiers, added two write-order components), a prompt addition that is not
-    an instruction to the agent, a skill without a trigger and an action, a prompt addition or skill that quotes a `private` value of the pool (`harness.leakage`)."""
+    an instruction to the agent, a skill without a trigger and an action, a prompt addition or skill that quotes a
+    `private` value of the pool (`harness.leakage`)."""
     problems = []
     chosen = {c.name: c for c in edit.components}
     changed = _changed(edit, current)
