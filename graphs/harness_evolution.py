@@ -157,8 +157,8 @@ def starting_order(groups: tuple[FailureGroup, ...], tried: list[str], index: in
     ordered = tuple(g for g in groups if group_key(g) not in tried) + tuple(g for g in groups if group_key(g) in tried)
     k = index % len(ordered) if ordered else 0
     turned = ordered[k:] + ordered[:k]
-    halves = pair_halves([group_key(g) for g in turned])
-    return tuple(sorted(turned, key=lambda g: halves.index(group_key(g)) if group_key(g) in halves else len(halves)))
+    halves = {key: i for i, key in enumerate(pair_halves([group_key(g) for g in turned]))}
+    return tuple(sorted(turned, key=lambda g: halves.get(group_key(g), len(halves))))
 
 
 def route_after_failure_analyst(state: HarnessEvolutionState) -> Literal["fdcr", "harness_optimizer", "selector"]:

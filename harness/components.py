@@ -1120,6 +1120,16 @@ async def stepped_in(component: Component, view: EpisodeView, observations: list
     return final is not None and final.action != "accept"
 
 
+def stops_going_on(name: str, group: str, start: str, replay: Replay | None = None) -> bool:
+    """Whether the library's component `name` is built for the agent going on with the twin of `group`, a twin's group
+    on the other side of the pairs from `start` (`answered_by`), and, with a `replay`, steps into more of the training
+    pairs' twins than of their feasible sides when their reference solutions are replayed (`Replay.tells_apart`):
+    what the agent does there once it acts, which no episode shows yet."""
+    target = answered_by(group, start)
+    return (target != group and name in LIBRARY and LIBRARY[name].built_for(target)
+            and (replay is None or replay.tells_apart(name)))
+
+
 def catalog_text(groups: Iterable[str] = (), replay: Replay | None = None) -> str:
     """The library as the roles that choose components read it: the components built for the failure `groups` of a
     diagnosis (`Component.built_for`) first, in its order, each marked with what it is built for (a 1.5B panel never
@@ -1143,7 +1153,7 @@ def catalog_text(groups: Iterable[str] = (), replay: Replay | None = None) -> st
                 found.setdefault(kind.replace("_", " "), i)
             if category in cls.categories:
                 found.setdefault(f"{category.replace('_', ' ')} twins", i)
-            elif order[i] == acting and cls.built_for(answered_by(acting, order[0])) and (not replay or replay.tells_apart(cls.name)):
+            elif order[i] == acting and stops_going_on(cls.name, acting, order[0], replay):
                 found.setdefault(f"going on with {category.replace('_', ' ')} twins", i)
         return found
 

@@ -27,7 +27,7 @@ from pydantic import Field
 
 from harness.bundle import Bundle
 from harness.check import check_bundle
-from harness.components import LIBRARY, ComponentName, catalog_text
+from harness.components import LIBRARY, ComponentName, catalog_text, stops_going_on
 from harness.leakage import quoted
 from prompts import render
 from roles.models import chat_model
@@ -130,13 +130,9 @@ def unaddressed(edit: HarnessEdit, current: dict[str, dict], groups: list[str], 
 
 def answers(name: str, group: str, start: str, replay: Replay | None = None) -> bool:
     """Whether the library's component `name` answers `group` in an edit that starts from `start`: it is built for it
-    (`Component.built_for`), or, for a twin's group on the other side of the pairs, for the agent going on with that
-    twin (`answered_by`) and, with a `replay`, steps into more of the training pairs' twins than of their feasible
-    sides when their reference solutions are replayed (`Replay.references`): what the agent does there once it acts,
-    which no episode shows yet."""
-    cls, target = LIBRARY.get(name), answered_by(group, start)
-    return cls is not None and (cls.built_for(group) or target != group and cls.built_for(target)
-                                and (replay is None or replay.tells_apart(name)))
+    (`Component.built_for`), or, for a twin's group on the other side of the pairs, for stopping the agent that goes
+    on with that twin (`stops_going_on`)."""
+    return name in LIBRARY and (LIBRARY[name].built_for(group) or stops_going_on(name, group, start, replay))
 
 
 def _assigned(names: list[str], groups: list[str], replay: Replay | None) -> dict[str, str]:
