@@ -1,5 +1,6 @@
 """The model seam: scripted models, the text tool-call adapter, and retries against a faulty endpoint."""
 
+import asyncio
 import json
 import pickle
 import threading
@@ -13,7 +14,7 @@ from pydantic import BaseModel
 
 from roles.models import scripted
 from roles.models import LOCAL_FIRST_TOKEN_S, LOCAL_REPLY_TOKENS, ChatModel, ContextLimitError, InfrastructureError, chat_model, cost_usd, endpoint_down, reset_endpoints
-from roles.models.openai import IDLE_TIMEOUT_S, STRUCTURED_MAX_TOKENS, OpenAICompatibleModel, backoff_s, response_format
+from roles.models.openai import IDLE_TIMEOUT_S, STRUCTURED_MAX_TOKENS, OpenAICompatibleModel, backoff_s, loop_cut, response_format
 from roles.models.scripted import ScriptError
 from roles.models import tool_calls
 from roles.models.tool_calls import describe_tools, fold_history, number_calls, parse_tool_calls
@@ -272,6 +273,9 @@ def chat_body(content="hello", *, tool_calls=None, finish_reason="stop", usage=(
                       "prompt_tokens_details": {"cached_tokens": usage[2]}}}
 
 
+LOOP_TEXT = "Let me find the products.\n  {\"name\": \"D-BUPR99\", \"form\": \"Tab\", \"stock_on_hand\": 100},\n"
+
+
 def sse(body: dict) -> bytes:
     """A chat completion body as the chunks an endpoint streams for `"stream": true`, usage last."""
     choice = body["choices"][0]
@@ -291,9 +295,12 @@ class FakeEndpoint:
     A behaviour is a reply body (dict) or one of "429", "500", "400", "hang",
     "malformed", "no_choices", "truncated", "silent" (accepts and never
     answers), "stall" (sends a first chunk, then nothing), "trickle" (ten
-    chunks `trickle_s` apart) and "drop" (closes the connection unanswered). After the script it answers with `then`.
-    `GET /models` answers a model list. Bounded: it serves at most
-    `max_requests` and shuts itself down after `lifetime_s`.
+    chunks `trickle_s` apart), "loop" (`LOOP_TEXT`, then its last line over and
+    over, a chunk per 10 ms for up to 10 s; `looping` is set while it goes on)
+    and "drop" (closes the connection unanswered). After the script it answers
+    with `then`. `GET /models` answers a model list, `POST /apply-template` and
+    `/tokenize` as llama.cpp's server does (a token per word). Bounded: it
+    serves at most `max_requests` and shuts itself down after `lifetime_s`.
     """
 
     def __init__(self, script, *, then=None, hang_s=3.0, max_requests=40, lifetime_s=30.0):
@@ -301,7 +308,7 @@ class FakeEndpoint:
         self.hang_s, self.max_requests, self.trickle_s = hang_s, max_requests, 0.05
         self.requests: list[dict] = []
         self.headers: list[dict] = []
-        self.stopping = threading.Event()
+        self.stopping, self.looping = threading.Event(), threading.Event()
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -316,6 +323,10 @@ class FakeEndpoint:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                if self.path == "/apply-template":
+                    return self.reply(200, json.dumps({"prompt": " ".join(m["content"] for m in body["messages"])}).encode())
+                if self.path == "/tokenize":
+                    return self.reply(200, json.dumps({"tokens": list(range(len(body["content"].split())))}).encode())
                 endpoint.requests.append(body)
                 endpoint.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if len(endpoint.requests) > endpoint.max_requests:
@@ -354,6 +365,23 @@ class FakeEndpoint:
                         self.wfile.write(sse(chat_body(f"{i} ")).split(b"\n\n")[0] + b"\n\n")
                         self.wfile.flush()
                     self.wfile.write(b"".join(sse(chat_body("")).split(b"\n\n")[1:]))
+                    return
+                if behaviour == "loop":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    endpoint.looping.set()
+                    try:
+                        for words in [LOOP_TEXT, *[LOOP_TEXT.splitlines(keepends=True)[-1]] * 1000]:
+                            self.wfile.write(sse(chat_body(words)).split(b"\n\n")[0] + b"\n\n")
+                            self.wfile.flush()
+                            if endpoint.stopping.wait(0.01):
+                                break
+                        self.wfile.write(b"".join(sse(chat_body("")).split(b"\n\n")[1:]))
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    finally:
+                        endpoint.looping.clear()
                     return
                 if behaviour == "drop":
                     self.close_connection = True
@@ -470,6 +498,39 @@ async def test_a_reply_that_keeps_coming_is_not_cut_by_the_idle_timeout(endpoint
     fake.trickle_s = 0.08
     completion = await model(timeout_s=600, max_retries=0).complete([HumanMessage("hi")])
     assert completion.message.content == "0 1 2 3 4 5 6 7 8 9 " and len(fake.requests) == 1
+
+
+async def test_a_reply_going_round_one_passage_is_cut_after_its_first_copy(endpoint):
+    fake = endpoint([], then="loop")  # LOOP_TEXT, then its JSON line a thousand times over ten seconds
+    async def url():  # an endpoint of the process's own, as the embedded model's is
+        return fake.url
+
+    looping = OpenAICompatibleModel("openai:fake", role="agent", model="fake", record_as="openai:fake", base_url=url,
+                                    api_key=SECRET, timeout_s=20, max_retries=0, retry_base_s=0.0, cut_loops=True)
+    completion = await looping.complete([SystemMessage("Be brief."), HumanMessage("How many?")])
+    assert completion.message.content == LOOP_TEXT and completion.truncated
+    # the server's count: "Be brief. How many?" is 4 words; what came is the text and at least 5 more copies of its line
+    usage = completion.usage
+    assert usage.input_tokens == 4 and usage.output_tokens >= len(LOOP_TEXT.split()) + 5 * 7, usage
+    for _ in range(200):  # the stream was closed, so the endpoint stopped long before its ten seconds
+        if not fake.looping.is_set():
+            break
+        time.sleep(0.01)
+    assert not fake.looping.is_set() and len(fake.requests) == 1
+    # only the embedded model's replies are watched for loops: closing a client mid-reply needs calls one at a time
+    assert chat_model("local", role="agent").model.cut_loops and not model().model.cut_loops
+    with pytest.raises(ValueError, match="cut_loops needs an endpoint this process starts itself"):
+        OpenAICompatibleModel("openai:fake", role="agent", model="fake", record_as="openai:fake", base_url=fake.url,
+                              api_key=SECRET, timeout_s=1, max_retries=0, retry_base_s=0.0, cut_loops=True)
+
+
+def test_a_loop_is_a_passage_of_twelve_characters_said_six_times_and_over_three_hundred_characters():
+    line = '{"name": "D-BUPR99", "form": "Tab"},\n'
+    assert loop_cut("Plan:\n" + line * 9) == len("Plan:\n" + line)  # 333 characters
+    assert loop_cut("Plan:\n" + line * 5) is None  # five copies may be a list of five
+    assert loop_cut("hello world " * 30) == 12 and loop_cut("hello world " * 20) is None  # 360 and 240 characters
+    assert loop_cut("=" * 72) is None and loop_cut("=" * 400) == 16  # a rule, then a run of one character
+    assert loop_cut("".join(f"{i}. item {i}\n" for i in range(100))) is None  # numbered lines differ
 
 
 def test_the_idle_timeout_comes_from_the_environment_and_the_local_model_may_read_its_prompt_first(monkeypatch):

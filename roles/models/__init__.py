@@ -94,7 +94,8 @@ def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatMo
         return OpenAICompatibleModel(
             spec, role=role, model=QWEN_CODER_1_5B.name, record_as=f"local:{QWEN_CODER_1_5B.name}",
             base_url=local_base_url, api_key="local", text_tools=True, sampling=sampling,
-            first_token_s=max(LOCAL_FIRST_TOKEN_S, reliability["idle_timeout_s"]), reply_tokens=LOCAL_REPLY_TOKENS, **reliability,
+            first_token_s=max(LOCAL_FIRST_TOKEN_S, reliability["idle_timeout_s"]), reply_tokens=LOCAL_REPLY_TOKENS, cut_loops=True,
+            **reliability,
         )
     if provider == "openai" and name:
         api_key = os.environ.get("OPENAI_API_KEY")

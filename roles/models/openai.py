@@ -11,7 +11,7 @@ import logging
 import random
 import time
 import weakref
-from contextlib import nullcontext
+from contextlib import aclosing, nullcontext
 from typing import Any, Awaitable, Callable, TypeVar
 
 import httpx
@@ -43,6 +43,12 @@ MAX_BACKOFF_S = 60.0
 # tokens of one JSON reply at 3 tokens/s); it is cut off and asked again, not waited for.
 STRUCTURED_MAX_TOKENS = 1536
 IDLE_TIMEOUT_S = 45.0
+# A text reply whose tail is one passage said over and over is cut after the passage's first copy: in run std18
+# three bench episodes of the embedded model wrote the same JSON line or sentence until the reply limit, turn after
+# turn (2,950 of the bench's 4,924 seconds). A passage counts from 12 characters, six copies and 300 characters on.
+LOOP_COPIES, LOOP_CHARS, LOOP_UNIT = 6, 300, (12, 400)
+LOOP_CHECK_CHARS = 64  # how much new text a reply gains between two looks for a loop
+COUNT_TIMEOUT_S = 10.0  # for the server's token count of a reply cut off
 T = TypeVar("T")
 
 
@@ -75,6 +81,21 @@ class _Failure(Exception):
     def __init__(self, kind: str, detail: str, retry_after: float | None = None):
         super().__init__(kind, detail)
         self.kind, self.detail, self.retry_after = kind, detail, retry_after
+
+
+def loop_cut(text: str) -> int | None:
+    """Where `text` should stop when its tail is one passage said over and over (`LOOP_COPIES` copies of 12 to 400
+    characters, `LOOP_CHARS` in all): the end of the passage's first copy; None when it is not."""
+    n = len(text)
+    for size in range(LOOP_UNIT[0], min(LOOP_UNIT[1], n // LOOP_COPIES) + 1):
+        unit, copies = text[n - size:], max(LOOP_COPIES, -(-LOOP_CHARS // size))
+        if copies * size > n or any(text[n - (k + 1) * size:n - k * size] != unit for k in range(1, copies)):
+            continue
+        start = n - copies * size
+        while start >= size and text[start - size:start] == unit:
+            start -= size
+        return start + size
+    return None
 
 
 def backoff_s(retry: int, base_s: float, retry_after: float | None = None) -> float:
@@ -131,8 +152,11 @@ class OpenAICompatibleModel:
                  base_url: str | None | Callable[[], Awaitable[str]], api_key: str,
                  timeout_s: float, max_retries: int, retry_base_s: float, text_tools: bool = False,
                  sampling: dict[str, Any] | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 first_token_s: float | None = None, reply_tokens: int | None = None):
+                 first_token_s: float | None = None, reply_tokens: int | None = None, cut_loops: bool = False):
+        if cut_loops and not callable(base_url):
+            raise ValueError("cut_loops needs an endpoint this process starts itself: its calls go one at a time")
         self.spec, self.role, self.model, self.record_as = spec, role, model, record_as
+        self.cut_loops = cut_loops
         self.reply_tokens = reply_tokens  # the most tokens a text reply may have, whatever a caller asks for
         self.timeout_s, self.max_retries, self.retry_base_s = timeout_s, max_retries, retry_base_s
         self.idle_timeout_s, self.first_token_s = idle_timeout_s, first_token_s or idle_timeout_s
@@ -166,7 +190,7 @@ class OpenAICompatibleModel:
         started = time.monotonic()
 
         async def attempt() -> tuple[AIMessage, str, list[dict[str, Any]], bool]:
-            reply = await self._invoke(sent, options)
+            reply = await self._invoke(sent, options, cut_loops=self.cut_loops and not structured)
             content, calls = text_of(reply.content), list(reply.tool_calls)
             if structured:
                 if reply.response_metadata.get("finish_reason") == "length":
@@ -177,7 +201,7 @@ class OpenAICompatibleModel:
                     raise _Failure("malformed", str(error)) from error
             elif self.text_tools and tools:
                 content, calls = parse_tool_calls(content, tools)
-            truncated = reply.response_metadata.get("finish_reason") == "length"
+            truncated = reply.response_metadata.get("finish_reason") in ("length", "loop")
             if truncated and not content.strip() and not calls:
                 raise _Failure("truncated", "the reply hit the token limit before any content")
             return reply, content, calls, truncated
@@ -233,12 +257,12 @@ class OpenAICompatibleModel:
         loop = asyncio.get_running_loop()
         return _local_gates.setdefault(loop, asyncio.Semaphore(1))
 
-    async def _invoke(self, messages: list[BaseMessage], options: dict[str, Any]) -> AIMessage:
+    async def _invoke(self, messages: list[BaseMessage], options: dict[str, Any], cut_loops: bool = False) -> AIMessage:
         client = await self._client()
         async with self._gate():
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    return await self._stream(client, messages, options)
+                    return await self._stream(client, messages, options, cut_loops)
             except TimeoutError as error:
                 raise _Failure("timeout", f"no reply within {self.timeout_s:g} s") from error
             except openai.APIStatusError as error:
@@ -272,14 +296,25 @@ class OpenAICompatibleModel:
                 # ChatOpenAI raises these when a 200 body is not a chat completion (no choices, an error object, HTML).
                 raise _Failure("malformed", f"the response is not a chat completion: {str(error)[:200]}") from error
 
-    async def _stream(self, client: ChatOpenAI, messages: list[BaseMessage], options: dict[str, Any]) -> AIMessage:
-        """The reply's chunks added up; silence longer than the first-token or the idle allowance is a timeout."""
-        loop, reply = asyncio.get_running_loop(), None
+    async def _stream(self, client: ChatOpenAI, messages: list[BaseMessage], options: dict[str, Any],
+                      cut_loops: bool) -> AIMessage:
+        """The reply's chunks added up; silence longer than the first-token or the idle allowance is a timeout.
+        With `cut_loops`, a reply going round one passage stops there."""
+        loop, reply, text, looked = asyncio.get_running_loop(), None, "", 0
         try:
-            async with asyncio.timeout(self.first_token_s) as idle:
-                async for chunk in client.astream(messages, **options):
+            async with asyncio.timeout(self.first_token_s) as idle, aclosing(client.astream(messages, **options)) as chunks:
+                async for chunk in chunks:
                     reply = chunk if reply is None else reply + chunk
                     idle.reschedule(loop.time() + self.idle_timeout_s)
+                    text += chunk.content if cut_loops and isinstance(chunk.content, str) else ""
+                    if len(text) - looked >= LOOP_CHECK_CHARS:
+                        looked = len(text)
+                        if (end := loop_cut(text)) is not None:
+                            # Closing the client's connections is what stops the server: a stream left early is
+                            # closed only when the garbage collector gets to it. The next call makes a new client.
+                            self._clients.pop(loop, None)
+                            await client.http_async_client.aclose()
+                            return await self._cut(reply, messages, text, end)
         except TimeoutError as error:
             if not idle.expired():
                 raise
@@ -289,6 +324,26 @@ class OpenAICompatibleModel:
         if reply is None:
             raise _Failure("malformed", "the response is not a chat completion stream: it carried no chunk")
         return reply
+
+    async def _cut(self, reply: AIMessage, messages: list[BaseMessage], text: str, end: int) -> AIMessage:
+        """`reply` cut off at `end` of its `text`, with the tokens the server counts in its prompt and in what came
+        (a stream closed early brings no usage); a server without `/tokenize` leaves them 0, logged."""
+        base_url = await self._base_url() if callable(self._base_url) else self._base_url
+        root, usage = str(base_url).removesuffix("/").removesuffix("/v1"), {"input_tokens": 0, "output_tokens": 0}
+        roles = {"system": "system", "human": "user", "ai": "assistant"}
+        try:
+            async with httpx.AsyncClient(base_url=root, timeout=COUNT_TIMEOUT_S, trust_env=not self.own_server) as http:
+                prompt = (await http.post("/apply-template", json={"messages": [
+                    {"role": roles.get(m.type, "user"), "content": text_of(m.content)} for m in messages]})).json()["prompt"]
+                for key, content in (("input_tokens", prompt), ("output_tokens", text)):
+                    answer = await http.post("/tokenize", json={"content": content, "parse_special": True})
+                    usage[key] = len(answer.raise_for_status().json()["tokens"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+            log.warning("%s: a reply cut off in a loop has no token count (%s)", self.spec, _root_cause(error))
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        log.info("%s: reply cut off after %d characters that went round one passage", self.spec, len(text) - end)
+        return reply.model_copy(update={"content": text[:end], "usage_metadata": usage,
+                                        "response_metadata": {**reply.response_metadata, "finish_reason": "loop"}})
 
     def _usage(self, reply: AIMessage, latency_s: float) -> UsageRecord:
         usage = reply.usage_metadata or {}
