@@ -11,7 +11,7 @@ import logging
 import random
 import time
 import weakref
-from contextlib import aclosing, nullcontext
+from contextlib import nullcontext
 from typing import Any, Awaitable, Callable, TypeVar
 
 import httpx
@@ -302,8 +302,8 @@ class OpenAICompatibleModel:
         With `cut_loops`, a reply going round one passage stops there."""
         loop, reply, text, looked = asyncio.get_running_loop(), None, "", 0
         try:
-            async with asyncio.timeout(self.first_token_s) as idle, aclosing(client.astream(messages, **options)) as chunks:
-                async for chunk in chunks:
+            async with asyncio.timeout(self.first_token_s) as idle:
+                async for chunk in client.astream(messages, **options):
                     reply = chunk if reply is None else reply + chunk
                     idle.reschedule(loop.time() + self.idle_timeout_s)
                     text += chunk.content if cut_loops and isinstance(chunk.content, str) else ""
