@@ -1,6 +1,5 @@
 """The model seam: scripted models, the text tool-call adapter, and retries against a faulty endpoint."""
 
-import asyncio
 import json
 import pickle
 import threading
@@ -502,6 +501,7 @@ async def test_a_reply_that_keeps_coming_is_not_cut_by_the_idle_timeout(endpoint
 
 async def test_a_reply_going_round_one_passage_is_cut_after_its_first_copy(endpoint):
     fake = endpoint([], then="loop")  # LOOP_TEXT, then its JSON line a thousand times over ten seconds
+
     async def url():  # an endpoint of the process's own, as the embedded model's is
         return fake.url
 
