@@ -300,7 +300,7 @@ class OpenAICompatibleModel:
                       cut_loops: bool) -> AIMessage:
         """The reply's chunks added up; silence longer than the first-token or the idle allowance is a timeout.
         With `cut_loops`, a reply going round one passage stops there."""
-        loop, reply, text, looked = asyncio.get_running_loop(), None, "", 0
+        loop, reply, text, looked, end = asyncio.get_running_loop(), None, "", 0, None
         try:
             async with asyncio.timeout(self.first_token_s) as idle:
                 async for chunk in client.astream(messages, **options):
@@ -310,11 +310,7 @@ class OpenAICompatibleModel:
                     if len(text) - looked >= LOOP_CHECK_CHARS:
                         looked = len(text)
                         if (end := loop_cut(text)) is not None:
-                            # Closing the client's connections is what stops the server: a stream left early is
-                            # closed only when the garbage collector gets to it. The next call makes a new client.
-                            self._clients.pop(loop, None)
-                            await client.http_async_client.aclose()
-                            return await self._cut(reply, messages, text, end)
+                            break
         except TimeoutError as error:
             if not idle.expired():
                 raise
@@ -323,6 +319,12 @@ class OpenAICompatibleModel:
             raise _Failure("timeout", f"{silent} (HERA_IDLE_TIMEOUT_S)") from error
         if reply is None:
             raise _Failure("malformed", "the response is not a chat completion stream: it carried no chunk")
+        if end is not None:
+            # Closing the client's connections is what stops the server: a stream left early is closed only when
+            # the garbage collector gets to it. The next call makes a new client.
+            self._clients.pop(loop, None)
+            await client.http_async_client.aclose()
+            return await self._cut(reply, messages, text, end)
         return reply
 
     async def _cut(self, reply: AIMessage, messages: list[BaseMessage], text: str, end: int) -> AIMessage:
