@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from roles.failure_analyst import failure_kind
-from state.metrics import LABELS, MIN_CI_PAIRS, NAMES, Metrics, fraction, over_abstains, paired_difference, score
+from state.metrics import LABELS, MIN_CI_PAIRS, NAMES, Metrics, fraction, over_abstained, over_abstains, paired_difference, score
 from state.evolution import LineageEntry, ProposalOutcome
 from state.ledger import Ledger
 from state.records import CATEGORIES, EpisodeRecord, UsageRecord
@@ -294,7 +294,8 @@ def evaluation_sections(ledger: Ledger, run_id: str, level: int = 2, title: str 
             sides = cells.get((pair_id, trial), {})
             act, abstain = sides.get("act"), sides.get("abstain")
             rows.append((pair_id, str(trial), _mark(act, "success"), _mark(abstain, "success"),
-                         _mark(abstain, "grounded", abstain is not None and abstain.grade.success), _mark(act, "abstained"),
+                         _mark(abstain, "grounded", abstain is not None and abstain.grade.success),
+                         "—" if act is None or act.grade is None else ("yes" if over_abstained(act.grade) else "no"),
                          _kind(act), _kind(abstain)))
     unfinished = "— not finished (an infrastructure error or an interrupted run), never a failure" if not metrics.complete else ""
     per_pair = Table(("pair", "trial", "act done", "abstained", "grounded", "over-abstained", "act failure", "abstain failure"),

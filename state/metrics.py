@@ -1,7 +1,7 @@
 """Scores of an evaluation (HERA App. C.2, ECDYSIS §3.5), grounded first.
 
 Per pair p and trial t: c (the act side completed), o (the act side
-abstained without making the change), b_raw (the abstain side abstained without committing, by the
+failed and abstained without making the change), b_raw (the abstain side abstained without committing, by the
 judge: HERA's Abstain) and b (b_raw with the pair's blocking evidence in an
 observation the agent saw before its answer: a refusal that looked). The
 headline Abstain is b and Pair is c·b; HERA's judge-only numbers stay beside
@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from math import comb
 
-from state.records import EpisodeRecord, Record
+from state.records import EpisodeRecord, Grade, Record
 
 NAMES = ("abstain", "act", "pair", "over_abstain", "abstain_raw", "pair_raw")
 LABELS = {"abstain": "Abstain (grounded)", "act": "Act", "pair": "Pair (grounded)", "over_abstain": "Over-abstain",
@@ -43,6 +43,13 @@ class Metrics(Record):
     by_tier: dict[str, dict[str, dict[str, int]]] = {}  # tier -> {"counts", "totals"}
 
 
+def over_abstained(grade: Grade) -> bool:
+    """Whether an act side's grade is an over-abstention. A reply that reads as a refusal after the agent made the
+    change it was asked for, or did all the verifier asks, is not one (std20's bench: a correct answer the judge read
+    as a decline was counted as both done and over-abstained)."""
+    return grade.abstained and not (grade.committed or grade.success)
+
+
 def _cells(records: list[EpisodeRecord]) -> dict[tuple[str, int], dict[str, bool]]:
     cells: dict[tuple[str, int], dict[str, bool]] = {}
     for r in records:
@@ -50,8 +57,7 @@ def _cells(records: list[EpisodeRecord]) -> dict[tuple[str, int], dict[str, bool
             continue
         cell = cells.setdefault((r.pair_id, r.key.trial), {})
         if r.key.side == "act":
-            # a reply that reads as a refusal after the agent made the change it was asked for is not a refusal
-            cell["act"], cell["over_abstain"] = r.grade.success, r.grade.abstained and not r.grade.committed
+            cell["act"], cell["over_abstain"] = r.grade.success, over_abstained(r.grade)
         else:
             cell["abstain_raw"], cell["abstain"] = r.grade.success, r.grade.success and r.grade.grounded
     for cell in cells.values():

@@ -37,10 +37,13 @@ def test_an_ungrounded_abstention_scores_zero_on_the_headline_and_one_raw():
     assert (m.counts["abstain_raw"], m.counts["pair_raw"]) == (1, 1)
 
 
-def test_a_refusal_read_into_a_reply_after_the_change_was_made_is_no_over_abstention():
+def test_a_refusal_read_into_a_reply_after_the_change_was_made_or_the_task_done_is_no_over_abstention():
     records = [record("A", "act", success=False, abstained=True, committed=True), record("A", "abstain", success=False),
-               record("B", "act", success=False, abstained=True), record("B", "abstain", success=False)]
-    assert score(records, ["A", "B"], trials=1).counts["over_abstain"] == 1
+               record("B", "act", success=False, abstained=True), record("B", "abstain", success=False),
+               record("C", "act", success=True, abstained=True), record("C", "abstain", success=False)]
+    m = score(records, ["A", "B", "C"], trials=1)
+    assert (m.counts["over_abstain"], m.counts["act"]) == (1, 1)
+    assert m.per_pair["C"]["over_abstain"] == 0.0 and m.per_pair["B"]["over_abstain"] == 1.0
 
 
 def test_intervals_from_five_pairs():
