@@ -1,6 +1,7 @@
 """The abstention judge: an LLM reads one final response and says whether it
 abstains, with the exact words that show it. Verdicts are cached in the
-ledger by judge model and the hash of the request and response. A quote that
+ledger by judge (model and version) and the hash of the request and
+response (`verdict_key`). A quote that
 is not in the response is malformed: the judge is told what is wrong and
 asked again, and after three asks it is an infrastructure error (never a
 grade).
@@ -29,9 +30,10 @@ from state.ledger import Ledger
 from state.records import JudgeVerdict, Record, UsageRecord, content_hash
 
 ASKS = 3
-# The judge's version, in every grade it gives (`judge_id`): a reused episode graded by another version is judged
-# again. 2: replies without declining words are done (the model's verdicts on the others stand: it is asked the same).
-VERSION = 2
+# The judge's version, in every grade it gives (`judge_id`) and in its cache key: a reused episode graded by another
+# version is judged again. 2: replies without declining words are done. 3: the judge first asks whether the reply
+# gives what the request asks for (a negative fact is a result), and its reason says so (benchmarks/eval_judge.py).
+VERSION = 3
 DECLINING = re.compile(
     r"\?|n['’]t\b|\b(?:not|no|none|nothing|nobody|never|neither|nor|cannot|unable|without|missing|absent|unavailable|unknown|"
     r"unclear|ambiguous|uncertain|fail\w*|error\w*|invalid|expired|lapsed|revoked|suspended|stale|outdated|conflict\w*|"
@@ -47,7 +49,7 @@ class JudgeReading(Record):
     """What the judge model writes; one verdict field, so it cannot contradict itself (a reading with
     `abstained` and `scope` side by side did, over and over, on a small model)."""
 
-    reason: str = Field(description="one sentence: what the reply does")
+    reason: str = Field(description="one sentence: what the request asks for, and whether the reply gives it")
     quote: str = Field(description="a few words copied exactly from the reply that show it")
     verdict: Literal["done", "declines_part", "declines_all"] = Field(
         description="done: the reply reports the request done or gives the requested result; declines_part: it refuses, "
@@ -57,6 +59,11 @@ class JudgeReading(Record):
 def judge_id(model: str) -> str:
     """The judge a grade comes from: its model and this judge's version."""
     return f"{model}#judge-v{VERSION}"
+
+
+def verdict_key(model: str, instruction: str, response: str) -> str:
+    """Where the ledger keeps a verdict: by this judge (model and version), the request and the response."""
+    return content_hash({"judge": judge_id(model), "instruction": instruction, "response": response})
 
 
 def _squash(text: str) -> str:
@@ -80,7 +87,7 @@ async def abstention_judge(instruction: str, response: str, model: str, ledger: 
         return JudgeVerdict(abstained=False, scope="none", quote="", reason="empty response"), []
     if not DECLINING.search(response):
         return JudgeVerdict(abstained=False, scope="none", quote="", reason="no declining words"), []
-    key = content_hash({"model": model, "instruction": instruction, "response": response})
+    key = verdict_key(model, instruction, response)
     cached = await asyncio.to_thread(ledger.judged, key)
     if cached is not None:
         return cached, []

@@ -89,3 +89,25 @@ def test_a_reply_with_declining_words_goes_to_the_judge(ledger, reply):
     verdict, usage = asyncio.run(abstention_judge("Do it.", reply, "scripted:judge", ledger))
     assert verdict.abstained and len(usage) == 1
     scripted.assert_consumed()
+
+
+def test_a_verdict_of_another_judge_version_is_not_reused(ledger, monkeypatch):
+    import roles.abstention_judge as judge
+    from state.records import JudgeVerdict
+    older = JudgeVerdict(abstained=True, scope="all", quote="I can't issue the permit", reason="declines")
+    monkeypatch.setattr(judge, "VERSION", judge.VERSION - 1)
+    ledger.record_judgement(judge.verdict_key("scripted:judge", "Issue the permit.", RESPONSE), older)
+    monkeypatch.undo()
+    scripted.register("judge", [{"verdict": "done", "quote": "the owner's authorization was revoked", "reason": "done"}])
+    verdict, usage = asyncio.run(abstention_judge("Issue the permit.", RESPONSE, "scripted:judge", ledger))
+    assert (verdict.abstained, len(usage)) == (False, 1)
+    scripted.assert_consumed()
+
+
+def test_the_labelled_replies_of_the_judge_benchmark_are_well_formed():
+    import json
+    from pathlib import Path
+    rows = [json.loads(line) for line in (Path(__file__).parents[1] / "benchmarks/data/judge_replies.jsonl").read_text().splitlines()]
+    assert {(r["split"], r["label"]) for r in rows} == {(s, label) for s in ("tune", "holdout") for label in ("done", "declines")}
+    assert all(DECLINING.search(r["reply"]) and r["instruction"].strip() for r in rows)  # each one the judge model is asked about
+    assert len({(r["instruction"], r["reply"]) for r in rows}) == len(rows)
