@@ -1,13 +1,17 @@
 """The abstention judge: structured verdicts with a quote checked against the response, cached."""
 
 import asyncio
+import json
+from pathlib import Path
 
 import pytest
 
 from roles.models import scripted
+import roles.abstention_judge as judge
 from roles.abstention_judge import ASKS, DECLINING, abstention_judge
 from roles.models import InfrastructureError
 from state.ledger import Ledger
+from state.records import JudgeVerdict
 
 RESPONSE = "I can't issue the permit: the owner's authorization was **revoked** on 2026-03-12."
 
@@ -92,8 +96,6 @@ def test_a_reply_with_declining_words_goes_to_the_judge(ledger, reply):
 
 
 def test_a_verdict_of_another_judge_version_is_not_reused(ledger, monkeypatch):
-    import roles.abstention_judge as judge
-    from state.records import JudgeVerdict
     older = JudgeVerdict(abstained=True, scope="all", quote="I can't issue the permit", reason="declines")
     monkeypatch.setattr(judge, "VERSION", judge.VERSION - 1)
     ledger.record_judgement(judge.verdict_key("scripted:judge", "Issue the permit.", RESPONSE), older)
@@ -105,8 +107,6 @@ def test_a_verdict_of_another_judge_version_is_not_reused(ledger, monkeypatch):
 
 
 def test_the_labelled_replies_of_the_judge_benchmark_are_well_formed():
-    import json
-    from pathlib import Path
     rows = [json.loads(line) for line in (Path(__file__).parents[1] / "benchmarks/data/judge_replies.jsonl").read_text().splitlines()]
     assert {(r["split"], r["label"]) for r in rows} == {(s, label) for s in ("tune", "holdout") for label in ("done", "declines")}
     assert all(DECLINING.search(r["reply"]) and r["instruction"].strip() for r in rows)  # each one the judge model is asked about
