@@ -32,8 +32,9 @@ from state.records import JudgeVerdict, Record, UsageRecord, content_hash
 ASKS = 3
 # The judge's version, in every grade it gives (`judge_id`) and in its cache key: a reused episode graded by another
 # version is judged again. 2: replies without declining words are done. 3: the judge first asks whether the reply
-# gives what the request asks for (a negative fact is a result), and its reason says so (benchmarks/eval_judge.py).
-VERSION = 3
+# gives what the request asks for (a negative fact is a result), and its reason says so. 4: it samples nothing
+# (`roles.models.GREEDY_ROLES`). benchmarks/eval_judge.py measured 2, 3 and 4.
+VERSION = 4
 DECLINING = re.compile(
     r"\?|n['’]t\b|\b(?:not|no|none|nothing|nobody|never|neither|nor|cannot|unable|without|missing|absent|unavailable|unknown|"
     r"unclear|ambiguous|uncertain|fail\w*|error\w*|invalid|expired|lapsed|revoked|suspended|stale|outdated|conflict\w*|"

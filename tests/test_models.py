@@ -755,3 +755,12 @@ async def test_an_endpoint_unreachable_three_calls_in_a_row_is_down_until_reset(
     reset_endpoints("scripted:agent")
     assert endpoint_down("scripted:agent") is None
     assert (await model.complete([HumanMessage("q")])).message.content == "back"
+
+
+async def test_the_judge_samples_nothing_and_the_agent_keeps_the_endpoints_sampling(endpoint):
+    fake = endpoint([chat_body('{"abstained": true, "quote": "I cannot"}'), chat_body("done")])
+    await chat_model("openai:fake", role="abstention_judge", timeout_s=0.5).structured([HumanMessage("q")], Verdict)
+    await model().complete([HumanMessage("q")])
+    assert fake.requests[0]["temperature"] == 0.0 and "temperature" not in fake.requests[1]
+    assert chat_model("local", role="abstention_judge").model._sampling["temperature"] == 0.0
+    assert chat_model("local", role="agent").model._sampling["temperature"] == 0.7

@@ -52,6 +52,8 @@ LOCAL_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "extra_body": {"top_k": 20, 
 # turn of that episode), while no other agent reply passed 1,000 tokens. Structured replies have their own limit
 # (STRUCTURED_MAX_TOKENS).
 LOCAL_REPLY_TOKENS = 2048
+# Graders sample nothing: the same reply gets the same verdict (benchmarks/eval_judge.py measured the judge both ways).
+GREEDY_ROLES = frozenset({"abstention_judge"})
 T = TypeVar("T")
 
 
@@ -91,6 +93,8 @@ def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatMo
         # The agent's turns keep a server slot (and its prompt cache) of their own: a judge's or
         # a reviewer's call in between would otherwise evict the agent's cached prefix.
         sampling = {**LOCAL_SAMPLING, "extra_body": {**LOCAL_SAMPLING["extra_body"], "id_slot": local_slot(role)}}
+        if role in GREEDY_ROLES:
+            sampling["temperature"] = 0.0
         return OpenAICompatibleModel(
             spec, role=role, model=QWEN_CODER_1_5B.name, record_as=f"local:{QWEN_CODER_1_5B.name}",
             base_url=local_base_url, api_key="local", text_tools=True, sampling=sampling,
@@ -101,8 +105,8 @@ def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatMo
         api_key = os.environ.get("OPENAI_API_KEY")
         if not api_key:
             raise ValueError(f"model spec {spec!r} needs OPENAI_API_KEY (any value for a server without keys)")
-        return OpenAICompatibleModel(spec, role=role, model=name, record_as=spec, base_url=_openai_base_url(),
-                                     api_key=api_key, **reliability)
+        return OpenAICompatibleModel(spec, role=role, model=name, record_as=spec, base_url=_openai_base_url(), api_key=api_key,
+                                     sampling={"temperature": 0.0} if role in GREEDY_ROLES else None, **reliability)
     if provider == "scripted" and name:
         return ScriptedModel(name, role=role)
     raise ValueError(f"unknown model spec {spec!r}: expected 'openai:<model>', 'local' or 'scripted:<name>'")
