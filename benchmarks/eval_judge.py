@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from roles.abstention_judge import DECLINING, abstention_judge, judge_id, verdict_key
+from roles.models import InfrastructureError
 from state.ledger import Ledger
 
 DATA = Path(__file__).parent / "data" / "judge_replies.jsonl"
@@ -62,7 +63,7 @@ async def fresh(items: list[dict], model: str) -> tuple[list[bool | None], int, 
         for n, item in enumerate(items, 1):
             try:
                 verdict, usage = await abstention_judge(item["instruction"], item["reply"], model, ledger)
-            except Exception as exc:  # an unusable verdict or a dead endpoint: counted apart, never as a verdict
+            except InfrastructureError as exc:  # an unusable verdict or a dead endpoint: counted apart, never as a verdict
                 print(f"  {n}/{len(items)} {item['source']}: judge failed: {exc}")
                 verdicts.append(None)
                 continue

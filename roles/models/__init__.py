@@ -87,14 +87,17 @@ def _seconds(variable: str, default: float, positive: bool = False) -> float:
     return value
 
 
+def _greedy(role: str) -> dict[str, float]:
+    """The sampling a role overrides: none, or temperature 0 for a grader."""
+    return {"temperature": 0.0} if role in GREEDY_ROLES else {}
+
+
 def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatModel:
     provider, _, name = spec.partition(":")
     if spec == "local":
         # The agent's turns keep a server slot (and its prompt cache) of their own: a judge's or
         # a reviewer's call in between would otherwise evict the agent's cached prefix.
-        sampling = {**LOCAL_SAMPLING, "extra_body": {**LOCAL_SAMPLING["extra_body"], "id_slot": local_slot(role)}}
-        if role in GREEDY_ROLES:
-            sampling["temperature"] = 0.0
+        sampling = {**LOCAL_SAMPLING, **_greedy(role), "extra_body": {**LOCAL_SAMPLING["extra_body"], "id_slot": local_slot(role)}}
         return OpenAICompatibleModel(
             spec, role=role, model=QWEN_CODER_1_5B.name, record_as=f"local:{QWEN_CODER_1_5B.name}",
             base_url=local_base_url, api_key="local", text_tools=True, sampling=sampling,
@@ -106,7 +109,7 @@ def _provider_model(spec: str, role: str, reliability: dict[str, Any]) -> ChatMo
         if not api_key:
             raise ValueError(f"model spec {spec!r} needs OPENAI_API_KEY (any value for a server without keys)")
         return OpenAICompatibleModel(spec, role=role, model=name, record_as=spec, base_url=_openai_base_url(), api_key=api_key,
-                                     sampling={"temperature": 0.0} if role in GREEDY_ROLES else None, **reliability)
+                                     sampling=_greedy(role), **reliability)
     if provider == "scripted" and name:
         return ScriptedModel(name, role=role)
     raise ValueError(f"unknown model spec {spec!r}: expected 'openai:<model>', 'local' or 'scripted:<name>'")
