@@ -70,15 +70,19 @@ def test_attempts_ready_together_go_to_the_cluster_in_an_even_share_for_each_wor
     the same time share tasks, one share for each of the cluster's worker processes (2 here, of 2 threads), and
     each comes back with its own record. A later evaluation on the same loop makes its share from its own attempts in
     flight, not from the last one's."""
-    monkeypatch.setattr(engine, "GATHER_S", 0.5)  # every attempt of a run is ready well within it
+    # A task leaves when `BATCH` attempts are ready, so each evaluation's attempts leave together however slowly a
+    # loaded machine readies them; the timer that sends fewer is set past the test's end.
+    monkeypatch.setattr(engine, "GATHER_S", 600)
     submitted, submit = [], cluster.submit
     monkeypatch.setattr(cluster, "submit", lambda fn, *args, **kw: submitted.append(len(args[1])) or submit(fn, *args, **kw))
     cluster.register_plugin(scripted.worker_plugin(agent=[shop_agent] * 25, judge=[shop_judge] * 10))
     small, large = (Context(**{**context.__dict__, "engine": ENGINE, "ledger": str(tmp_path / f"{name}.db")}) for name in ("small", "large"))
 
     async def both():
+        monkeypatch.setattr(engine, "BATCH", 2)
         first = await api.evaluate("H0", [PAIR], small, trials=1, concurrency=2)  # 2 attempts in flight: tasks of 1
         sent = len(submitted)
+        monkeypatch.setattr(engine, "BATCH", 8)
         return first, sent, await api.evaluate("H0", [PAIR], large, trials=4, concurrency=8)
 
     first, sent, run = asyncio.run(both())
