@@ -73,6 +73,7 @@ class Live:
     harness: BaseHarness | None = None
     view: EpisodeView | None = None
     model: ChatModel | None = None
+    request: EpisodeRequest | None = None
     read_only: dict[str, bool] = field(default_factory=dict)
     harness_usage: list[UsageRecord] = field(default_factory=list)
     pending: list[Observation] = field(default_factory=list)
@@ -158,7 +159,7 @@ async def setup(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
                        config=bundle.config, prompts=bundle.prompts, skills=bundle.skills, ask=ask, lookup=lookup)
     # Only a built-in bundle's code runs in this process; a candidate's runs in the sandbox.
     harness = bundle.harness() if bundle.trusted else SandboxedHarness(bundle)
-    live.harness, live.view, live.model = harness, view, model
+    live.harness, live.view, live.model, live.request = harness, view, model, request
     live.read_only = {t.name: t.read_only for t in tools}
     try:
         await call_hook(harness.initialize, view)
@@ -232,7 +233,8 @@ async def agent(state: EpisodeState, runtime: Runtime[Context]) -> Command[Liter
     config = live.view.config
     try:
         done = await live.model.complete(messages, live.view.tools, max_tokens=config.max_output_tokens,
-                                         temperature=config.temperature, action_mode=config.action_mode)
+                                         temperature=config.temperature, action_mode=config.action_mode,
+                                         seed=live.request.sampling_seed(state["turns"]))
     except InfrastructureError as exc:
         return Command(goto=_end(live), update={"termination": "infrastructure_error", "error": f"{exc.kind}: {exc}"})
     except ContextLimitError as exc:

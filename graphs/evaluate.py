@@ -290,7 +290,7 @@ def _start(request: EpisodeRequest, ctx: Context, run_id: str, owner: str):
     ledger, entry = Ledger(ctx.ledger), run_entry(run_id, request.pair_id, ctx.catalog)
     key = EpisodeKey(harness_hash=_run_bundle_hash(run_id, request.bundle), env_hash=side_env(entry, request.side).hash,
                      task_id=entry.pair.task.id, side=request.side, model=ctx.agent_model, seed=request.seed, trial=request.trial,
-                     max_turns=ctx.max_turns)
+                     max_turns=ctx.max_turns, sampling="turn")
     return ledger, entry, key, _claim(ledger, key, ctx, run_id, owner)
 
 

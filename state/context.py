@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from state.paths import CATALOG
-from state.records import Record, Side
+from state.records import Record, Side, content_hash
 
 
 class ConfigError(ValueError):
@@ -65,3 +65,10 @@ class EpisodeRequest(Record):
     bundle: str
     seed: int = 0
     trial: int = 0
+
+    def sampling_seed(self, turn: int) -> int:
+        """The agent's sampling seed at `turn` (31 bits): one for each pair, side, seed, trial and turn, the same for
+        every harness. Two harnesses' episodes on a pair then draw alike where their prompts agree, so they differ
+        where the harnesses do rather than by the luck of the draw (common random numbers for paired comparisons);
+        trials draw apart."""
+        return int(content_hash([self.pair_id, self.side, self.seed, self.trial, turn]), 16) >> 33

@@ -389,6 +389,9 @@ class EpisodeKey(Record):
     seed: int
     trial: int
     max_turns: int | None = None  # the run's cap on turns, when it has one
+    # The agent's sampling seeds: "turn" when each turn's comes from the request (`EpisodeRequest.sampling_seed`);
+    # None for an episode sampled unseeded, which a seeded run does not reuse (its draws are not another harness's).
+    sampling: Literal["turn"] | None = None
 
     @property
     def id(self) -> str:

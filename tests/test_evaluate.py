@@ -21,7 +21,7 @@ from graphs.cli import main
 from roles.abstention_judge import judge_id
 from roles.models import scripted
 from roles.models import ContextLimitError, InfrastructureError, endpoint_down
-from state.context import ConfigError, Context
+from state.context import ConfigError, Context, EpisodeRequest
 from state.store import is_url
 from state.ledger import Ledger
 from tests.conftest import FIXTURES
@@ -388,6 +388,27 @@ def test_config_limits_reach_the_model(context, tmp_path):
     scripted.register("judge", [shop_judge] * 2)
     asyncio.run(api.evaluate(str(bundle), [PAIR], context))
     assert {(c.max_tokens, c.temperature) for c in scripted.calls("agent")} == {(512, 0.2)}
+
+
+def test_the_agent_draws_the_same_seeds_under_every_harness_and_other_ones_on_each_trial_and_turn(context, tmp_path):
+    """Common random numbers: an agent turn's sampling seed comes from the pair, side, seed, trial and turn, never from
+    the harness, so two harnesses on a pair draw alike where their prompts agree; each trial and turn draws its own."""
+    bundle = tmp_path / "other"
+    shutil.copytree(Path(__file__).parent.parent / "harness" / "bundles" / "H0", bundle)
+    (bundle / "config.yaml").write_text("max_turns: 30\nmax_output_tokens: 512\n")  # another harness hash
+    scripted.register("agent", [shop_agent] * 20)
+    scripted.register("judge", [shop_judge] * 4)
+    seeds = {}
+    for name in ("H0", str(bundle)):
+        before = len(scripted.calls("agent"))
+        run = asyncio.run(api.evaluate(name, [PAIR], context, trials=2))
+        episodes = Ledger(context.ledger).episodes(run.run_id)
+        assert len(episodes) == 4 and {e.key.sampling for e in episodes} == {"turn"}
+        expected = sorted(EpisodeRequest(pair_id=PAIR, side=e.key.side, bundle=name, trial=e.key.trial).sampling_seed(turn)
+                          for e in episodes for turn in range(sum(m["type"] == "ai" for m in e.messages)))
+        seeds[name] = sorted(c.seed for c in scripted.calls("agent")[before:])
+        assert seeds[name] == expected and len(set(expected)) == len(expected) == 10
+    assert seeds["H0"] == seeds[str(bundle)]
 
 
 def test_runs_and_episode_views(context, capsys):

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from roles.models import scripted
 from roles.models import LOCAL_FIRST_TOKEN_S, LOCAL_REPLY_TOKENS, ChatModel, ContextLimitError, InfrastructureError, chat_model, cost_usd, endpoint_down, reset_endpoints
-from roles.models.openai import IDLE_TIMEOUT_S, STRUCTURED_MAX_TOKENS, OpenAICompatibleModel, backoff_s, loop_cut, response_format
+from roles.models.openai import IDLE_TIMEOUT_S, SEEDS, STRUCTURED_MAX_TOKENS, OpenAICompatibleModel, backoff_s, loop_cut, response_format
 from roles.models.scripted import ScriptError
 from roles.models import tool_calls
 from roles.models.tool_calls import describe_tools, fold_history, number_calls, parse_tool_calls
@@ -764,3 +764,12 @@ async def test_the_judge_samples_nothing_and_the_agent_keeps_the_endpoints_sampl
     assert fake.requests[0]["temperature"] == 0.0 and "temperature" not in fake.requests[1]
     assert chat_model("local", role="abstention_judge").model._sampling["temperature"] == 0.0
     assert chat_model("local", role="agent").model._sampling["temperature"] == 0.7
+
+
+async def test_a_seed_reaches_the_endpoint_and_a_retry_after_a_malformed_reply_takes_the_next_one(endpoint):
+    """A seeded call samples the same reply again, so a retry that kept its seed would get back the reply it retries."""
+    fake = endpoint([chat_body("a"), "malformed", chat_body("b"), chat_body("c")])
+    await model().complete([HumanMessage("q")], seed=SEEDS - 1)
+    await model(max_retries=1).complete([HumanMessage("q")], seed=SEEDS - 1)
+    await model().complete([HumanMessage("q")])
+    assert [r.get("seed") for r in fake.requests] == [SEEDS - 1, SEEDS - 1, 0, None]

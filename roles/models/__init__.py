@@ -186,10 +186,11 @@ class JournaledModel:
 
     async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
                        max_tokens: int | None = None, temperature: float | None = None,
-                       action_mode: ActionMode = "text") -> Completion:
+                       action_mode: ActionMode = "text", seed: int | None = None) -> Completion:
         request = self._request("complete", messages, tools=Items(tools or (), _tool_json),
                                 max_tokens=max_tokens, temperature=temperature,
-                                **({"action_mode": action_mode} if action_mode != "text" else {}))
+                                **({"action_mode": action_mode} if action_mode != "text" else {}),
+                                **({"seed": seed} if seed is not None else {}))
 
         def dump(c: Completion) -> str:
             return json.dumps({"message": c.message.model_dump(mode="json"), "usage": c.usage.model_dump(mode="json"),
@@ -200,7 +201,8 @@ class JournaledModel:
             return Completion(AIMessage.model_validate(data["message"]), UsageRecord.model_validate(data["usage"]), data["truncated"])
 
         async def call() -> Completion:
-            done = await self.model.complete(messages, tools, max_tokens=max_tokens, temperature=temperature, action_mode=action_mode)
+            done = await self.model.complete(messages, tools, max_tokens=max_tokens, temperature=temperature, action_mode=action_mode,
+                                             seed=seed)
             return replace(done, message=_unicode_message(done.message))
 
         return await self._watched(journaled(request, call, dump, load))

@@ -61,10 +61,11 @@ class ChatModel(Protocol):
 
     async def complete(
         self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *, max_tokens: int | None = None,
-        temperature: float | None = None, action_mode: ActionMode = "text",
+        temperature: float | None = None, action_mode: ActionMode = "text", seed: int | None = None,
     ) -> Completion:
         """The next assistant turn of `messages`, free to call `tools`; `temperature` None keeps the model's
-        default. With `action_mode="structured"` the turn is exactly one call of `tools` or a final answer
+        default. `seed` fixes the endpoint's sampling (where it honours one): the same messages with the same seed
+        sample the same reply. With `action_mode="structured"` the turn is exactly one call of `tools` or a final answer
         (`roles.models.tool_calls.action_schema`), and a reply outside that grammar is a malformed reply."""
         ...
 

@@ -6,6 +6,7 @@ endpoint trouble is retried with backoff, then raised as `InfrastructureError`."
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -49,6 +50,7 @@ IDLE_TIMEOUT_S = 45.0
 LOOP_COPIES, LOOP_CHARS, LOOP_UNIT = 6, 300, (12, 400)
 LOOP_CHECK_CHARS = 64  # how much new text a reply gains between two looks for a loop
 COUNT_TIMEOUT_S = 10.0  # for the server's token count of a reply cut off
+SEEDS = 2 ** 31  # sampling seeds are taken modulo this: llama.cpp's are 32-bit, with one value meaning "random"
 T = TypeVar("T")
 
 
@@ -169,7 +171,7 @@ class OpenAICompatibleModel:
 
     async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
                        max_tokens: int | None = None, temperature: float | None = None,
-                       action_mode: ActionMode = "text") -> Completion:
+                       action_mode: ActionMode = "text", seed: int | None = None) -> Completion:
         check_messages(messages)
         tools = list(tools or ())
         structured = action_mode == "structured" and bool(tools)
@@ -187,10 +189,12 @@ class OpenAICompatibleModel:
             options["max_tokens"] = min(limits)
         if temperature is not None:
             options["temperature"] = temperature
-        started = time.monotonic()
+        started, tries = time.monotonic(), itertools.count()
 
         async def attempt() -> tuple[AIMessage, str, list[dict[str, Any]], bool]:
-            reply = await self._invoke(sent, options, cut_loops=self.cut_loops and not structured)
+            # A retry after a malformed or truncated reply must not sample that reply again: it takes the next seed.
+            seeded = options if seed is None else {**options, "seed": (seed + next(tries)) % SEEDS}
+            reply = await self._invoke(sent, seeded, cut_loops=self.cut_loops and not structured)
             content, calls = text_of(reply.content), list(reply.tool_calls)
             if structured:
                 if reply.response_metadata.get("finish_reason") == "length":

@@ -52,6 +52,7 @@ class ScriptedCall:
     max_tokens: int | None = None
     temperature: float | None = None
     action_mode: str = "text"
+    seed: int | None = None
 
 
 @dataclass
@@ -149,7 +150,7 @@ class ScriptedModel:
 
     async def complete(self, messages: list[BaseMessage], tools: list[ToolInfo] | None = None, *,
                        max_tokens: int | None = None, temperature: float | None = None,
-                       action_mode: str = "text") -> Completion:
+                       action_mode: str = "text", seed: int | None = None) -> Completion:
         check_messages(messages)
         text_tools = _script(self.name).text_tools
         structured = action_mode == "structured" and bool(tools)
@@ -158,7 +159,8 @@ class ScriptedModel:
         else:
             seen = fold_history(messages, tools or ()) if text_tools else list(messages)
         index, step = self._next(ScriptedCall("complete", list(messages), list(tools) if tools is not None else None,
-                                              max_tokens=max_tokens, temperature=temperature, action_mode=action_mode))
+                                              max_tokens=max_tokens, temperature=temperature, action_mode=action_mode,
+                                              seed=seed))
         if callable(step) and not isinstance(step, (type, BaseException)):
             step = step(seen, tools)
             if inspect.isawaitable(step):
