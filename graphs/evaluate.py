@@ -131,7 +131,8 @@ _passed: set[str] = set()
 
 def _check(bundle: str) -> list[str]:
     """The sandboxed check's problems, run once per bundle content in this
-    process: the hash covers every file of the bundle, so a pass stays a pass."""
+    process: the hash covers every file the check reads (the manifest, which it
+    does not, is checked by loading), so a pass stays a pass."""
     try:
         digest = load_bundle(bundle).hash
     except SpecError:

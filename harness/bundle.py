@@ -5,10 +5,14 @@ A bundle is `manifest.yaml` (id, parent_id, origin, description),
 `string.Template` with `$context`), `hooks.py` (a `Harness` subclass of
 `BaseHarness`), and optional `components.yaml` (generic control logic from
 `harness.components`, by name with parameters), `skills/*.md`, `memory.yaml`
-and `subagents/*.yaml`. The content hash covers every file and the code of
-the harness library the bundle runs on (`harness/*.py`: hooks' base class,
-components, sandbox), so lineage entries name exact versions and a cached
-rollout is never reused after a component's code changes.
+and `subagents/*.yaml`. The content hash covers every file but the manifest,
+and the code of the harness library the bundle runs on (`harness/*.py`: hooks'
+base class, components, sandbox), so lineage entries name exact versions and a
+cached rollout is never reused after a component's code changes. The manifest
+(names, lineage and a description) is read by no episode: two bundles that
+differ only there run alike and share their cached episodes (in run std20 two
+methods' first rounds wrote the same harness with other descriptions, and its
+validation and bench episodes were run twice).
 
 Only a built-in bundle (under `harness/bundles/`) is trusted: the code of any
 other is never run in this process. Loading it checks `hooks.py` statically;
@@ -137,7 +141,7 @@ def _load_bundle(path: Path, signature: tuple) -> Bundle:
         memory=read_yaml(path / "memory.yaml") if (path / "memory.yaml").is_file() else {},
         subagents={p.stem: read_yaml(p) for p in sorted((path / "subagents").glob("*.yaml"))},
         hooks_source=source,
-        hash=content_hash({**files, "(harness library)": LIBRARY_CODE}),
+        hash=content_hash({**{k: v for k, v in files.items() if k != "manifest.yaml"}, "(harness library)": LIBRARY_CODE}),
         components=components,
     )
 

@@ -32,6 +32,16 @@ def test_hash_covers_every_file(tmp_path):
     assert load_bundle(bundle).hash != before
 
 
+def test_bundles_that_differ_only_in_their_manifest_share_a_hash(tmp_path):
+    """No episode reads the manifest: the same harness under another id and description is the same harness."""
+    bundle = copy(tmp_path)
+    (bundle / "manifest.yaml").write_text("id: c1\nparent_id: H0\norigin: fdcr\ndescription: Another name for H0.\n")
+    (bundle / "prompts" / "system.md").write_text((bundle / "prompts" / "system.md").read_text() + "\n")
+    changed = load_bundle(bundle).hash
+    (bundle / "prompts" / "system.md").write_text((BUNDLES / "H0" / "prompts" / "system.md").read_text())
+    assert load_bundle(bundle).hash == load_bundle("H0").hash != changed
+
+
 def test_hash_covers_the_harness_library(tmp_path, monkeypatch):
     # a component whose code changed is a different harness: its cached rollouts must not be reused
     import harness.bundle
