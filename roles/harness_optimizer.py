@@ -190,12 +190,13 @@ def skill_problems(skill: Skill, private: frozenset[str] = frozenset()) -> list[
 def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], brief: str = "",
              private: frozenset[str] = frozenset(), replay: Replay | None = None) -> tuple[HarnessEdit, list[str]] | None:
     """The edit without its skills and prompt addition that fail their checks (a note for each); when it changes
-    more components than allowed, with the current components it left out put back; and when that is all that is
-    wrong with its components but it adds nothing built for a failure group it answers (`unaddressed`), with the
-    harness's components as they are, the edit's first addition built for each group it does answer, and for each
-    one it does not, the component built for it that `brief` (the diagnosis) names first, else the library's first
-    as the edit read it (`catalog_text`, with the `replay`). When the rest passes; None when the components still
-    fail. A small model asked again often sends the same reply back (seen on the local model: three asks, the last
+    more components than allowed, with the current components it left out put back; and when its components still
+    change too many, or add nothing built for a failure group it answers (`unaddressed`), with the harness's
+    components as they are, the edit's first addition built for each group it does answer, and for each one it does
+    not, the component built for it that `brief` (the diagnosis) names first, else the library's first as the edit
+    read it (`catalog_text`, with the `replay`). When the rest passes; None when the components still fail (one that
+    names no failure group it addresses). In std20 the local model's last of three asks changed six components, and
+    the round ended with no candidate. A small model asked again often sends the same reply back (seen on the local model: three asks, the last
     two identical, the candidate lost to one skill's vague trigger; a list of the current components and two more
     that left one current component out, three changes; and three times the same two write-order components for
     guessed identifiers, whose diagnosis had named `refuse_failed_repeat`)."""
@@ -213,8 +214,9 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
         notes.append(f"kept {', '.join(left_out)}: the edit left {'it' if len(left_out) == 1 else 'them'} out, which made more "
                      f"than {MAX_COMPONENT_CHANGES} component changes")
     kept = edit.model_copy(update={"skills": skills, "system_prompt_addition": addition, "components": components})
-    missing = unaddressed(kept, current, groups, replay)
-    if missing and len(edit_problems(kept, current, groups, private=private, replay=replay)) == len(missing):
+    missing, changed = unaddressed(kept, current, groups, replay), _changed(kept, current)
+    too_many = len(changed) > MAX_COMPONENT_CHANGES
+    if (missing or too_many) and len(edit_problems(kept, current, groups, private=private, replay=replay)) == len(missing) + too_many:
         added = {c.name: c for c in kept.components if c.name not in current}
         chosen = {n: added[n] for n in _assigned(list(added), groups, replay).values()}
         for group, built in missing.items():
@@ -225,8 +227,9 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
                     else min(built, key=lambda n: replay.preference(n, acting)))
             chosen.setdefault(pick, ComponentChoice(name=pick, addresses=group))
             notes.append(f"enabled {pick}: the edit added no component built for {_named(group, groups[0])}")
-        if dropped := sorted(set(_changed(kept, current)) - set(chosen)):
-            notes.append(f"left out {', '.join(dropped)}: built for no failure group the edit answers")
+        if dropped := sorted(set(changed) - set(chosen)):
+            notes.append(f"left out {', '.join(dropped)}: " + (f"{len(changed)} component changes; kept the edit's first addition "
+                         "built for each failure group it answers" if too_many else "built for no failure group the edit answers"))
         kept = kept.model_copy(update={"components": [ComponentChoice(name=n, params=p) for n, p in current.items()]
                                        + list(chosen.values())})
     return None if edit_problems(kept, current, groups, private=private, replay=replay) else (kept, notes)

@@ -568,13 +568,19 @@ def test_the_last_ask_keeps_the_components_and_drops_the_skills_and_prompt_that_
     assert problems == [] and "kept check_before_commit: the edit left it out, which made more than 2 component changes" in notes
     assert [c["name"] for c in yaml.safe_load((staged / "components.yaml").read_text())] == [
         "check_before_commit", "look_before_act", "read_before_write"]
-    # components that still change too many are not salvaged: the edit stays rejected
+    # components that still change too many (std20: six) are cut to the harness's as they were and the edit's first
+    # addition built for each failure group it answers
     retuned = [{"name": "suppress_duplicate_calls", "params": {"stop_after": 3}, "addresses": GROUP}, *two_more]
     scripted.register("optimizer", [{**narrated, "components": retuned}] * 3)
     staged = stage(BUNDLES / "H0", staging.parent / "c3", {"id": "c3", "parent_id": "H0", "origin": "test", "description": "t"})
     (staged / "components.yaml").write_text("- name: suppress_duplicate_calls\n")
     notes, _, problems = asyncio.run(structured_edit(staged, "fix it", "H0", "scripted:optimizer", 60, [GROUP]))
-    assert notes == ["edit rejected after 3 asks"] and problems[0].startswith("it changes 3 components")
+    assert problems == [] and ("left out look_before_act, suppress_duplicate_calls: 3 component changes; kept the edit's "
+                               "first addition built for each failure group it answers") in notes
+    assert yaml.safe_load((staged / "components.yaml").read_text()) == [{"name": "suppress_duplicate_calls"}, {"name": "read_before_write"}]
+    # and a change that names no failure group it addresses still turns the edit away
+    untied = HarnessEdit.model_validate({**EDIT, "components": [{**c, "addresses": "nothing/none"} for c in retuned]})
+    assert salvaged(untied, {"suppress_duplicate_calls": {}}, [GROUP]) is None
 
 
 def test_the_last_ask_with_nothing_built_for_the_failure_gets_the_component_the_diagnosis_names(staging):
