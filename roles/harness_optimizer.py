@@ -195,11 +195,11 @@ def salvaged(edit: HarnessEdit, current: dict[str, dict], groups: list[str], bri
     components as they are, the edit's first addition built for each group it does answer, and for each one it does
     not, the component built for it that `brief` (the diagnosis) names first, else the library's first as the edit
     read it (`catalog_text`, with the `replay`). When the rest passes; None when the components still fail (one that
-    names no failure group it addresses). In std20 the local model's last of three asks changed six components, and
-    the round ended with no candidate. A small model asked again often sends the same reply back (seen on the local model: three asks, the last
-    two identical, the candidate lost to one skill's vague trigger; a list of the current components and two more
-    that left one current component out, three changes; and three times the same two write-order components for
-    guessed identifiers, whose diagnosis had named `refuse_failed_repeat`)."""
+    names no failure group it addresses). A small model asked again often sends the same reply back (seen on the local
+    model: three asks, the last two identical, the candidate lost to one skill's vague trigger; a list of the current
+    components and two more that left one current component out, three changes; three times the same two write-order
+    components for guessed identifiers, whose diagnosis had named `refuse_failed_repeat`; and in std20 a last ask
+    that changed six components, after which the round had no candidate)."""
     skills = [k for k in edit.skills if not skill_problems(k, private)]
     notes = [f"dropped: {p}" for k in edit.skills for p in skill_problems(k, private)]
     addition = edit.system_prompt_addition

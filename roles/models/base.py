@@ -64,8 +64,8 @@ class ChatModel(Protocol):
         temperature: float | None = None, action_mode: ActionMode = "text", seed: int | None = None,
     ) -> Completion:
         """The next assistant turn of `messages`, free to call `tools`; `temperature` None keeps the model's
-        default. `seed` fixes the endpoint's sampling (where it honours one): the same messages with the same seed
-        sample the same reply. With `action_mode="structured"` the turn is exactly one call of `tools` or a final answer
+        default. `seed` fixes the endpoint's sampling where it honours one: the same messages with the same seed sample
+        the same reply, but for rounding (llama.cpp: a prompt read afresh or from its cache). With `action_mode="structured"` the turn is exactly one call of `tools` or a final answer
         (`roles.models.tool_calls.action_schema`), and a reply outside that grammar is a malformed reply."""
         ...
 
