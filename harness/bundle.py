@@ -131,7 +131,8 @@ def _load_bundle(path: Path, signature: tuple) -> Bundle:
     else:
         _check_source(source, str(hooks))
     components = _components(path / "components.yaml") if (path / "components.yaml").is_file() else ()
-    files = {str(p.relative_to(path)): read_text(p) for p in sorted(path.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    hashed = {str(p.relative_to(path)): read_text(p) for p in sorted(path.rglob("*"))
+              if p.is_file() and "__pycache__" not in p.parts and p != path / "manifest.yaml"}
     return Bundle(
         path=path,
         manifest=manifest,
@@ -141,7 +142,7 @@ def _load_bundle(path: Path, signature: tuple) -> Bundle:
         memory=read_yaml(path / "memory.yaml") if (path / "memory.yaml").is_file() else {},
         subagents={p.stem: read_yaml(p) for p in sorted((path / "subagents").glob("*.yaml"))},
         hooks_source=source,
-        hash=content_hash({**{k: v for k, v in files.items() if k != "manifest.yaml"}, "(harness library)": LIBRARY_CODE}),
+        hash=content_hash({**hashed, "(harness library)": LIBRARY_CODE}),
         components=components,
     )
 
